@@ -1,0 +1,1 @@
+"""Tasks and multi-turn sandbox environments (imported as ``rollbox.envs``)."""

@@ -1,0 +1,1 @@
+"""Plug-ins for trainers and harnesses (imported as ``rollbox.integrations``)."""

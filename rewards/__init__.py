@@ -1,0 +1,1 @@
+"""Reward functions (imported as ``rollbox.rewards``)."""

@@ -1,0 +1,61 @@
+"""Every error rollbox raises, under one root.
+
+    RollboxError
+    ├── ConfigError                 a bad argument or input file; the message names the field
+    ├── BackendUnavailableError     the machine lacks something a backend needs (bwrap, cgroups, ...)
+    │   └── ProviderNotFoundError   an unknown provider name, or its extra is not installed
+    ├── SandboxError                something went wrong with one sandbox
+    │   ├── SandboxStartError       it could not start
+    │   ├── SandboxDeadError        it died or was killed (TTL, kill, OOM of its agent)
+    │   ├── SandboxFileError        a file operation failed (missing file, not a directory, ...)
+    │   └── TooManySandboxesError   the provider's cap on live sandboxes was reached
+    └── CommandError                a command could not be started (not: it exited non-zero)
+
+A command that exits non-zero is a result, never an exception.
+"""
+
+from __future__ import annotations
+
+
+class RollboxError(Exception):
+    """Root of every rollbox error."""
+
+
+class ConfigError(RollboxError, ValueError):
+    """A bad argument or input; the message names what is wrong and how to fix it."""
+
+
+class BackendUnavailableError(RollboxError):
+    """This machine lacks a feature the backend needs; the message names the fix."""
+
+
+class ProviderNotFoundError(BackendUnavailableError):
+    """No provider by that name, or its optional dependencies are missing."""
+
+
+class SandboxError(RollboxError):
+    """An error about one sandbox."""
+
+    def __init__(self, message: str, *, sandbox_id: str | None = None) -> None:
+        super().__init__(message)
+        self.sandbox_id = sandbox_id
+
+
+class SandboxStartError(SandboxError):
+    """The sandbox could not start: infrastructure failure, not a policy failure."""
+
+
+class SandboxDeadError(SandboxError):
+    """The sandbox is gone (killed, expired, or its agent died)."""
+
+
+class SandboxFileError(SandboxError):
+    """A file operation inside the sandbox failed."""
+
+
+class TooManySandboxesError(SandboxError):
+    """The provider's cap on live sandboxes was reached and waiting was not allowed or timed out."""
+
+
+class CommandError(SandboxError):
+    """A command could not be started (bad cwd, ...). Non-zero exits are results, not errors."""

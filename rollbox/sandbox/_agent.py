@@ -1,0 +1,503 @@
+"""The agent: PID 1 of a local sandbox. Stdlib only; runs under ``python3 -I -S``.
+
+It serves the host over its stdin/stdout with framed messages: a ``>II`` header (JSON length,
+body length), the JSON, then the body bytes. It runs commands (each in its own session and, when
+the host lends one, its own pids cgroup, so a timeout kills every process the command started,
+setsid'd and double-forked ones included), keeps their output up to a cap, and does file
+operations. Being inside the sandbox, every path it touches resolves in the sandbox's own mount
+namespace: symlinks made by sandboxed code can never reach a host file. As PID 1 of the pid
+namespace, it cannot be signalled by sandboxed code, and when it exits the kernel kills every
+process in the sandbox.
+"""
+
+import errno
+import json
+import os
+import select
+import signal
+import stat
+import struct
+import sys
+import time
+
+HEADER = struct.Struct(">II")
+CHUNK = 65536
+RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT)
+AFTER_EXIT_GRACE = 0.05  # seconds to wait for a finished command's pipes to reach EOF
+
+
+class Command:
+    def __init__(self, cid, limit, stream):
+        self.cid = cid
+        self.limit = limit
+        self.stream = stream
+        self.pid = 0
+        self.cgroup = None
+        self.fds = {}  # fd -> stream index (0 stdout, 1 stderr)
+        self.out = [bytearray(), bytearray()]
+        self.truncated = False
+        self.deadline = None
+        self.timed_out = False
+        self.status = None
+        self.exited_at = None
+        self.started = time.monotonic()
+        self.stdin_fd = -1
+        self.stdin_data = b""
+        self.finished = False
+
+
+class Agent:
+    def __init__(self, rfd, wfd, cgroup_root):
+        self.rfd = rfd
+        self.wfd = wfd
+        self.cgroup_root = cgroup_root
+        self.inbuf = bytearray()
+        self.commands = {}  # cid -> Command
+        self.by_pid = {}  # pid -> Command
+        self.fd_owner = {}  # fd -> Command (reading its output)
+        self.stdin_owner = {}  # fd -> Command (writing its stdin)
+        self.draining = set()  # fds of finished commands, read and discarded until EOF
+        self.lingering = set()  # cgroups of finished commands that still had processes
+        self.ttl_deadline = None
+        self.poll = select.epoll()
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.wake_r = wake_r
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.poll.register(rfd, select.EPOLLIN)
+        self.poll.register(wake_r, select.EPOLLIN)
+
+    # -- messages --------------------------------------------------------------------------
+
+    def send(self, header, body=b""):
+        data = json.dumps(header, separators=(",", ":")).encode()
+        view = memoryview(HEADER.pack(len(data), len(body)) + data + body)
+        while view:
+            try:
+                view = view[os.write(self.wfd, view) :]
+            except InterruptedError:
+                continue
+
+    def error(self, rid, code, message):
+        self.send({"op": "err", "rid": rid, "code": code, "msg": message})
+
+    def read_requests(self):
+        try:
+            data = os.read(self.rfd, 1 << 20)
+        except InterruptedError:
+            return
+        if not data:
+            os._exit(0)  # the host is gone: end the sandbox
+        self.inbuf += data
+        while len(self.inbuf) >= HEADER.size:
+            hlen, blen = HEADER.unpack_from(self.inbuf)
+            end = HEADER.size + hlen + blen
+            if len(self.inbuf) < end:
+                return
+            header = json.loads(bytes(self.inbuf[HEADER.size : HEADER.size + hlen]))
+            body = bytes(self.inbuf[HEADER.size + hlen : end])
+            del self.inbuf[:end]
+            self.dispatch(header, body)
+
+    def dispatch(self, req, body):
+        op = req.get("op")
+        rid = req.get("rid")
+        try:
+            if op == "exec":
+                self.start_command(req, body)
+            elif op == "kill":
+                command = self.commands.get(req["cid"])
+                if command is not None and command.status is None:
+                    self.kill_tree(command)
+                self.send({"op": "ok", "rid": rid})
+            elif op == "logs":
+                command = self.commands.get(req["cid"])
+                out = command.out if command else [b"", b""]
+                self.send(
+                    {"op": "ok", "rid": rid, "n1": len(out[0])}, bytes(out[0]) + bytes(out[1])
+                )
+            elif op == "write":
+                self.write_file(req["path"], body, req.get("mode", 0o644))
+                self.send({"op": "ok", "rid": rid})
+            elif op == "read":
+                self.send({"op": "ok", "rid": rid}, self.read_file(req["path"]))
+            elif op == "list":
+                self.send({"op": "ok", "rid": rid, "entries": self.list_dir(req["path"])})
+            elif op == "remove":
+                self.remove(req["path"], req.get("recursive", False))
+                self.send({"op": "ok", "rid": rid})
+            elif op == "ttl":
+                seconds = req.get("seconds")
+                self.ttl_deadline = None if seconds is None else time.monotonic() + seconds
+                self.send({"op": "ok", "rid": rid})
+            elif op == "ping":
+                self.send({"op": "ok", "rid": rid})
+            else:
+                self.error(rid, "bad_request", "unknown op %r" % (op,))
+        except OSError as exc:
+            code = {
+                errno.ENOENT: "not_found",
+                errno.EISDIR: "is_dir",
+                errno.ENOTDIR: "not_dir",
+                errno.EACCES: "permission",
+                errno.EPERM: "permission",
+                errno.EROFS: "read_only",
+                errno.ENOSPC: "no_space",
+                errno.EFBIG: "too_big",
+                errno.EDQUOT: "no_space",
+                errno.ENOTEMPTY: "not_empty",
+                errno.EEXIST: "exists",
+                errno.ELOOP: "loop",
+            }.get(exc.errno, "os_error")
+            self.error(
+                rid, code, "%s: %s" % (exc.strerror or exc, req.get("path", req.get("cwd", "")))
+            )
+        except Exception as exc:  # keep serving whatever one request did
+            self.error(rid, "internal", "%s: %s" % (type(exc).__name__, exc))
+
+    # -- files -----------------------------------------------------------------------------
+
+    def write_file(self, path, data, mode):
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+
+    def read_file(self, path):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise IsADirectoryError(errno.EISDIR, "Is a directory")
+            chunks = []
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+
+    def list_dir(self, path):
+        entries = []
+        with os.scandir(path) as listing:
+            for entry in listing:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                mode = st.st_mode
+                kind = (
+                    "symlink"
+                    if stat.S_ISLNK(mode)
+                    else "dir"
+                    if stat.S_ISDIR(mode)
+                    else "file"
+                    if stat.S_ISREG(mode)
+                    else "other"
+                )
+                entries.append([entry.name, kind, st.st_size, stat.S_IMODE(mode), st.st_mtime])
+        entries.sort()
+        return entries
+
+    def remove(self, path, recursive):
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(path)
+            return
+        if not recursive:
+            raise OSError(errno.EISDIR, "Is a directory (pass recursive=True)", path)
+        for root, dirs, files in os.walk(path, topdown=False):
+            for name in files:
+                os.unlink(os.path.join(root, name))
+            for name in dirs:
+                full = os.path.join(root, name)
+                if os.path.islink(full):
+                    os.unlink(full)
+                else:
+                    os.rmdir(full)
+        os.rmdir(path)
+
+    # -- commands --------------------------------------------------------------------------
+
+    def start_command(self, req, stdin_data):
+        cid = req["rid"]
+        cwd = req["cwd"]
+        if not os.path.isdir(cwd):
+            self.error(cid, "bad_cwd", "working directory %s does not exist in the sandbox" % cwd)
+            return
+        command = Command(cid, req["limit"], req.get("stream", False))
+        if req.get("timeout") is not None:
+            command.deadline = time.monotonic() + req["timeout"]
+        if self.cgroup_root:
+            command.cgroup = "%s/c%d" % (self.cgroup_root, cid)
+            try:
+                os.mkdir(command.cgroup)
+            except OSError:
+                command.cgroup = None
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        if req.get("stdin"):
+            in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        else:
+            in_r, in_w = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), -1
+        # posix_spawn (vfork) is far cheaper than fork here. The child inherits the agent's cwd
+        # and cgroup, so the agent steps into both around the spawn: the command starts inside
+        # its own cgroup, before it can fork anything.
+        try:
+            os.chdir(cwd)
+            if command.cgroup:
+                self.join_cgroup(command.cgroup)
+            pid = os.posix_spawn(
+                "/bin/sh",
+                ["/bin/sh", "-c", req["cmd"]],
+                req["env"],
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, in_r, 0),
+                    (os.POSIX_SPAWN_DUP2, out_w, 1),
+                    (os.POSIX_SPAWN_DUP2, err_w, 2),
+                ],
+                setsid=True,
+                setsigdef=RESET_SIGNALS,
+                setsigmask=(),
+            )
+        finally:
+            if command.cgroup:
+                self.join_cgroup(self.cgroup_root)
+            os.chdir("/")
+        os.close(in_r)
+        os.close(out_w)
+        os.close(err_w)
+        command.pid = pid
+        self.commands[cid] = command
+        self.by_pid[pid] = command
+        for fd, index in ((out_r, 0), (err_r, 1)):
+            os.set_blocking(fd, False)
+            command.fds[fd] = index
+            self.fd_owner[fd] = command
+            self.poll.register(fd, select.EPOLLIN)
+        if in_w >= 0:
+            os.set_blocking(in_w, False)
+            command.stdin_fd = in_w
+            command.stdin_data = memoryview(stdin_data)
+            self.stdin_owner[in_w] = command
+            self.poll.register(in_w, select.EPOLLOUT)
+        self.send({"op": "started", "rid": cid, "pid": pid})
+        self.sweep_lingering()
+
+    def feed_stdin(self, fd):
+        command = self.stdin_owner[fd]
+        try:
+            written = os.write(fd, command.stdin_data[:CHUNK])
+            command.stdin_data = command.stdin_data[written:]
+        except BlockingIOError:
+            return
+        except OSError:  # EPIPE: the command closed its stdin
+            command.stdin_data = b""
+        if not command.stdin_data:
+            self.close_stdin(command)
+
+    def close_stdin(self, command):
+        if command.stdin_fd >= 0:
+            self.poll.unregister(command.stdin_fd)
+            del self.stdin_owner[command.stdin_fd]
+            os.close(command.stdin_fd)
+            command.stdin_fd = -1
+
+    def read_output(self, fd):
+        if fd in self.draining:
+            try:
+                data = os.read(fd, CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.poll.unregister(fd)
+                os.close(fd)
+                self.draining.discard(fd)
+            return
+        command = self.fd_owner[fd]
+        index = command.fds[fd]
+        try:
+            data = os.read(fd, CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.poll.unregister(fd)
+            os.close(fd)
+            del command.fds[fd]
+            del self.fd_owner[fd]
+            self.maybe_finish(command)
+            return
+        buffer = command.out[index]
+        room = command.limit - len(buffer)
+        if room < len(data):
+            command.truncated = True
+            data = data[: max(room, 0)]
+        if data:
+            buffer += data
+            if command.stream:
+                self.send({"op": "out", "cid": command.cid, "s": index + 1}, data)
+
+    def reap(self):
+        try:
+            while os.read(self.wake_r, 4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            command = self.by_pid.pop(pid, None)
+            if command is None:
+                continue  # an orphan adopted by PID 1
+            command.status = os.waitstatus_to_exitcode(status)
+            command.exited_at = time.monotonic()
+            self.close_stdin(command)
+            self.maybe_finish(command)
+
+    def maybe_finish(self, command, force=False):
+        if command.finished or command.status is None:
+            return
+        if command.fds and not force:
+            return  # wait for EOF, or for the grace period in tick()
+        command.finished = True
+        for fd in list(command.fds):
+            del self.fd_owner[fd]
+            self.draining.add(fd)  # a background child still holds the pipe: keep draining it
+        command.fds.clear()
+        stdout, stderr = bytes(command.out[0]), bytes(command.out[1])
+        self.send(
+            {
+                "op": "exit",
+                "cid": command.cid,
+                "code": command.status,
+                "timed_out": command.timed_out,
+                "truncated": command.truncated,
+                "duration": time.monotonic() - command.started,
+                "n1": len(stdout),
+            },
+            stdout + stderr,
+        )
+        if command.cgroup and not self.try_rmdir(command.cgroup):
+            self.lingering.add(command.cgroup)
+        # keep the record for logs() until the host forgets it; output is small and capped
+        del self.commands[command.cid]
+
+    def join_cgroup(self, cgroup):
+        fd = os.open(cgroup + "/cgroup.procs", os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+
+    def kill_tree(self, command):
+        """Kill every process the command started; its cgroup catches setsid'd orphans."""
+        try:
+            os.killpg(command.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if command.cgroup:
+            self.kill_cgroup(command.cgroup)
+
+    def kill_cgroup(self, cgroup):
+        for _ in range(200):
+            try:
+                with open(cgroup + "/cgroup.procs") as procs:
+                    pids = [int(line) for line in procs.read().split()]
+            except (OSError, ValueError):
+                return
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.001)
+
+    def try_rmdir(self, cgroup):
+        try:
+            os.rmdir(cgroup)
+            return True
+        except OSError:
+            return False
+
+    def sweep_lingering(self):
+        for cgroup in list(self.lingering):
+            if self.try_rmdir(cgroup):
+                self.lingering.discard(cgroup)
+
+    def tick(self):
+        now = time.monotonic()
+        if self.ttl_deadline is not None and now >= self.ttl_deadline:
+            os._exit(0)
+        for command in list(self.commands.values()):
+            if command.deadline is not None and now >= command.deadline and command.status is None:
+                command.timed_out = True
+                command.deadline = None
+                self.kill_tree(command)
+            if command.status is not None and now - command.exited_at >= AFTER_EXIT_GRACE:
+                self.maybe_finish(command, force=True)
+
+    def next_timeout(self):
+        deadlines = [self.ttl_deadline] if self.ttl_deadline is not None else []
+        for command in self.commands.values():
+            if command.deadline is not None and command.status is None:
+                deadlines.append(command.deadline)
+            if command.status is not None:
+                deadlines.append(command.exited_at + AFTER_EXIT_GRACE)
+        if not deadlines:
+            return 1.0 if self.lingering else -1
+        return max(0.0, min(deadlines) - time.monotonic())
+
+    def serve(self):
+        self.send({"op": "ready"})
+        while True:
+            try:
+                events = self.poll.poll(self.next_timeout())
+            except InterruptedError:
+                events = []
+            for fd, _mask in events:
+                if fd == self.rfd:
+                    self.read_requests()
+                elif fd == self.wake_r:
+                    self.reap()
+                elif fd in self.stdin_owner:
+                    self.feed_stdin(fd)
+                elif fd in self.fd_owner or fd in self.draining:
+                    self.read_output(fd)
+            self.reap()
+            self.tick()
+            if self.lingering and not events:
+                self.sweep_lingering()
+
+
+def main():
+    # Writes past RLIMIT_FSIZE must fail with EFBIG here, not kill the agent.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    rfd = os.dup(0)  # os.dup makes non-inheritable copies: commands never see the protocol
+    wfd = os.dup(1)
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    cgroup_root = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "-" else None
+    Agent(rfd, wfd, cgroup_root).serve()
+
+
+if __name__ == "__main__":
+    main()

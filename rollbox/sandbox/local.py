@@ -1,0 +1,921 @@
+"""The embedded local backend: bubblewrap namespaces, cgroup v1 limits, rlimits and seccomp.
+
+A sandbox is one ``bwrap`` process whose PID 1 is rollbox's agent (``_agent.py``), spoken to
+over a pair of pipes. bwrap runs as the unprivileged ``nobody`` user (never as root: a root
+bwrap maps the sandbox user to host root), in new user, pid, mount, ipc, uts, net and cgroup
+namespaces, with every capability dropped, nested user namespaces disabled and a seccomp filter.
+Writable storage is tmpfs created inside the sandbox's own mount namespace, so no mount can
+outlive it. Each sandbox has its own memory, pids and cpu cgroups, recorded in a state
+directory so that ``cleanup`` reaps what a killed host process left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import json
+import os
+import resource
+import secrets
+import signal
+import struct
+import time
+import weakref
+from collections import deque
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rollbox.errors import (
+    BackendUnavailableError,
+    CommandError,
+    ConfigError,
+    SandboxDeadError,
+    SandboxError,
+    SandboxFileError,
+    SandboxStartError,
+    TooManySandboxesError,
+)
+from rollbox.sandbox import _host, _seccomp
+from rollbox.sandbox.base import AsyncProcess, AsyncSandbox, OutputCallback, Provider
+from rollbox.sandbox.models import ExecResult, FileEntry, SandboxInfo, SandboxSpec
+
+_HEADER = struct.Struct(">II")
+_AGENT_SOURCE = Path(__file__).with_name("_agent.py").read_bytes()
+_AGENT_IN_SANDBOX = "/.rollbox/agent.py"
+_CGROUP_IN_SANDBOX = "/.rollbox/cg"
+_START_TIMEOUT = 15.0
+_DEFAULT_PATH = "/.rollbox/bin:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+# /etc entries of the host that the python template shows (all public, read-only).
+_HOST_ETC = (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates",
+    "localtime", "nsswitch.conf", "mime.types", "bash.bashrc", "inputrc", "profile",
+)  # fmt: skip
+_FILE_ERRORS = {
+    "not_found": "no such file or directory",
+    "is_dir": "is a directory",
+    "not_dir": "not a directory",
+    "permission": "permission denied",
+    "read_only": "read-only file system (only /work, /tmp and overlays are writable)",
+    "no_space": "no space left (Limits.disk_mb)",
+    "too_big": "file larger than Limits.disk_mb",
+}
+
+
+def _write_cgroup(path: Path, name: str, value: str) -> None:
+    with open(path / name, "w") as handle:
+        handle.write(value)
+
+
+def _apply_limits(cgroups: dict[str, Path], spec: SandboxSpec) -> None:
+    limits = spec.limits
+    memory = str(limits.memory_mb * 1024 * 1024)
+    memory_dir = cgroups["memory"]
+    names = ["memory.limit_in_bytes"]
+    if (memory_dir / "memory.memsw.limit_in_bytes").exists():
+        names.append("memory.memsw.limit_in_bytes")  # no swapping around the limit
+    try:  # lowering: the limit first; raising: memsw first
+        for name in names:
+            _write_cgroup(memory_dir, name, memory)
+    except OSError:
+        for name in reversed(names):
+            _write_cgroup(memory_dir, name, memory)
+    _write_cgroup(cgroups["pids"], "pids.max", str(limits.pids))
+    _write_cgroup(cgroups["cpu"], "cpu.cfs_period_us", "100000")
+    _write_cgroup(cgroups["cpu"], "cpu.cfs_quota_us", str(max(1000, int(limits.cpus * 100000))))
+
+
+def _kill_cgroup_tree(pids_cgroup: Path) -> None:
+    """SIGKILL every process in a pids cgroup and its children, until none is left."""
+    for _ in range(500):
+        found = False
+        for dirpath, _dirs, _files in os.walk(pids_cgroup):
+            try:
+                with open(os.path.join(dirpath, "cgroup.procs")) as handle:
+                    pids = handle.read().split()
+            except OSError:
+                continue
+            for pid in pids:
+                found = True
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+        if not found:
+            return
+        time.sleep(0.001)
+
+
+def _remove_cgroups(cgroups: dict[str, Path]) -> bool:
+    """Remove the sandbox cgroups (children first); False if some are still busy."""
+    done = True
+    for path in cgroups.values():
+        if not path.exists():
+            continue
+        for dirpath, _dirs, _files in sorted(os.walk(path), key=lambda t: -len(t[0])):
+            try:
+                os.rmdir(dirpath)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                done = False
+    return done
+
+
+def _destroy(pid: int | None, pid_start: int | None, cgroups: dict[str, Path]) -> bool:
+    """Kill a sandbox's processes and remove its cgroups. Synchronous, safe to repeat."""
+    if pid and pid_start is not None and _host.process_start_time(pid) == pid_start:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if "pids" in cgroups and cgroups["pids"].exists():
+        _kill_cgroup_tree(cgroups["pids"])
+    for _ in range(200):
+        if _remove_cgroups(cgroups):
+            return True
+        time.sleep(0.002)
+    return False
+
+
+class _Record:
+    """The state file of one sandbox: enough for another process to reap it."""
+
+    def __init__(self, directory: Path, sandbox_id: str) -> None:
+        self.path = directory / f"{sandbox_id}.json"
+
+    def write(self, **data: Any) -> None:
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(data))
+        os.replace(temporary, self.path)
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+class LocalProcess(AsyncProcess):
+    """A command running in a local sandbox."""
+
+    def __init__(
+        self,
+        sandbox: LocalSandbox,
+        cid: int,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+    ) -> None:
+        self._sandbox = sandbox
+        self._cid = cid
+        self.pid = 0
+        self._callbacks = (on_stdout, on_stderr)
+        self._done: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
+
+    async def wait(self) -> ExecResult:
+        return await asyncio.shield(self._done)
+
+    async def kill(self) -> None:
+        if self._done.done() or not self._sandbox.alive:
+            return
+        with contextlib.suppress(SandboxDeadError):
+            await self._sandbox._request({"op": "kill", "cid": self._cid})
+
+    async def logs(self) -> tuple[str, str]:
+        if self._done.done() and not self._done.cancelled() and self._done.exception() is None:
+            result = self._done.result()
+            return result.stdout, result.stderr
+        header, body = await self._sandbox._request({"op": "logs", "cid": self._cid})
+        split = header["n1"]
+        return body[:split].decode(errors="replace"), body[split:].decode(errors="replace")
+
+    def _output(self, stream: int, data: bytes) -> None:
+        callback = self._callbacks[stream - 1]
+        if callback is not None:
+            result = callback(data.decode(errors="replace"))
+            if asyncio.iscoroutine(result):
+                self._sandbox._background(result)
+
+
+class LocalSandbox(AsyncSandbox):
+    """A sandbox of the local backend."""
+
+    provider_name: ClassVar[str] = "local"
+
+    def __init__(self, provider: LocalProvider, sandbox_id: str, pool_key: tuple[Any, ...]) -> None:
+        super().__init__()
+        self.id = sandbox_id
+        self.spec = SandboxSpec()
+        self._provider = provider
+        self._pool_key = pool_key
+        self._record = _Record(provider.state_dir, sandbox_id)
+        self._cgroups: dict[str, Path] = {
+            name: parent / sandbox_id for name, parent in provider.cgroups.parents.items()
+        }
+        self._proc: asyncio.subprocess.Process | None = None
+        self._pid_start: int | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._pending: dict[int, asyncio.Future[tuple[dict[str, Any], bytes]]] = {}
+        self._processes: dict[int, LocalProcess] = {}
+        self._next_id = 1
+        self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._dead = False
+        self._death_reason = "killed"
+        self._ttl_handle: asyncio.TimerHandle | None = None
+        self._created_at = datetime.now(UTC)
+        self._expires_at: datetime | None = None
+        self._holds_slot = False
+        self._stderr_tail = b""
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    async def _boot(self, template: _Template, disk_mb: int) -> None:
+        """Start bwrap and the agent; raise SandboxStartError if they do not come up."""
+        provider = self._provider
+        self._record.write(
+            id=self.id,
+            owner_pid=os.getpid(),
+            owner_start=_host.process_start_time(os.getpid()),
+            cgroups={k: str(v) for k, v in self._cgroups.items()},
+            pid=None,
+            pid_start=None,
+            expires_at=None,
+        )
+        try:
+            for path in self._cgroups.values():
+                path.mkdir()
+            _apply_limits(self._cgroups, SandboxSpec())  # safe defaults while pooled
+            # Delegate the pids cgroup to the agent: it makes one child cgroup per command, so a
+            # timeout can kill everything the command started. Limits files stay root's.
+            for path in (self._cgroups["pids"], self._cgroups["pids"] / "cgroup.procs"):
+                os.chown(path, _host.SANDBOX_UID, _host.SANDBOX_UID)
+        except OSError as exc:
+            self._destroy_now()
+            raise SandboxStartError(
+                f"cannot set up cgroups for {self.id}: {exc}", sandbox_id=self.id
+            ) from exc
+
+        seccomp_fd = os.memfd_create("rollbox-seccomp", 0)
+        os.write(seccomp_fd, provider.seccomp_program)
+        os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        argv = provider.bwrap_argv(template, disk_mb, self._cgroups["pids"], seccomp_fd)
+        procs_paths = [str(p / "cgroup.procs") for p in self._cgroups.values()]
+        disk_bytes = disk_mb * 1024 * 1024
+
+        def enter_sandbox_user() -> None:  # runs in the child, as root, before bwrap
+            for path in procs_paths:
+                fd = os.open(path, os.O_WRONLY)
+                os.write(fd, b"0")
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (disk_bytes, disk_bytes))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setresgid(_host.SANDBOX_UID, _host.SANDBOX_UID, _host.SANDBOX_UID)
+                os.setresuid(_host.SANDBOX_UID, _host.SANDBOX_UID, _host.SANDBOX_UID)
+
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=(seccomp_fd,),
+                preexec_fn=enter_sandbox_user,
+                cwd="/",
+                env={},
+                limit=1 << 24,
+            )
+        except OSError as exc:
+            self._destroy_now()
+            raise SandboxStartError(f"cannot start bwrap: {exc}", sandbox_id=self.id) from exc
+        finally:
+            os.close(seccomp_fd)
+        self._pid_start = _host.process_start_time(self._proc.pid)
+        self._record.write(
+            id=self.id,
+            owner_pid=os.getpid(),
+            owner_start=_host.process_start_time(os.getpid()),
+            cgroups={k: str(v) for k, v in self._cgroups.items()},
+            pid=self._proc.pid,
+            pid_start=self._pid_start,
+            expires_at=None,
+        )
+        self._reader = asyncio.ensure_future(self._read_agent())
+        self._background(self._read_stderr())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready), _START_TIMEOUT)
+        except (TimeoutError, SandboxDeadError) as exc:
+            await self.kill()
+            detail = self._stderr_tail.decode(errors="replace").strip()
+            raise SandboxStartError(
+                f"sandbox {self.id} did not start: {detail or exc or 'timed out'}",
+                sandbox_id=self.id,
+            ) from exc
+
+    async def _activate(self, spec: SandboxSpec) -> None:
+        """Give a booted sandbox its spec: limits, TTL, environment."""
+        self.spec = spec
+        self._created_at = datetime.now(UTC)
+        _apply_limits(self._cgroups, spec)
+        if spec.ttl_seconds is not None:
+            self._expires_at = self._created_at + timedelta(seconds=spec.ttl_seconds)
+            await self._request({"op": "ttl", "seconds": spec.ttl_seconds})
+            self._ttl_handle = asyncio.get_running_loop().call_later(spec.ttl_seconds, self._expire)
+        self._record.write(
+            id=self.id,
+            owner_pid=os.getpid(),
+            owner_start=_host.process_start_time(os.getpid()),
+            cgroups={k: str(v) for k, v in self._cgroups.items()},
+            pid=self._proc.pid if self._proc else None,
+            pid_start=self._pid_start,
+            expires_at=self._expires_at.timestamp() if self._expires_at else None,
+            name=spec.name,
+            template=spec.template,
+        )
+
+    def _expire(self) -> None:
+        self._death_reason = f"its TTL of {self.spec.ttl_seconds}s ran out"
+        self._background(self.kill())
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @property
+    def alive(self) -> bool:
+        return not self._dead
+
+    async def kill(self) -> None:
+        if self._dead:
+            return
+        self._mark_dead()
+        self._destroy_now()
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), 5)
+        if self._reader is not None:
+            self._reader.cancel()
+
+    def _mark_dead(self) -> None:
+        self._dead = True
+        if self._ttl_handle is not None:
+            self._ttl_handle.cancel()
+        error = SandboxDeadError(
+            f"sandbox {self.id} is dead: {self._death_reason}", sandbox_id=self.id
+        )
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+        for process in self._processes.values():
+            if not process._done.done():
+                process._done.set_exception(error)
+                process._done.exception()  # retrieved: no "never retrieved" warning
+        self._processes.clear()
+        if not self._ready.done():
+            self._ready.set_exception(error)
+            self._ready.exception()
+
+    def _destroy_now(self) -> None:
+        """Synchronous teardown: used by kill, by atexit and by the garbage collector."""
+        self._dead = True
+        pid = self._proc.pid if self._proc is not None else None
+        if _destroy(pid, self._pid_start, self._cgroups):
+            self._record.remove()
+        if self._holds_slot:
+            self._holds_slot = False
+            self._provider._release_slot()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_dead", True):
+            with contextlib.suppress(Exception):
+                self._destroy_now()
+
+    # -- the agent connection --------------------------------------------------------------
+
+    async def _read_agent(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        stdout = self._proc.stdout
+        try:
+            while True:
+                hlen, blen = _HEADER.unpack(await stdout.readexactly(_HEADER.size))
+                header = json.loads(await stdout.readexactly(hlen))
+                body = await stdout.readexactly(blen) if blen else b""
+                self._dispatch(header, body)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except asyncio.CancelledError:
+            return
+        if not self._dead:
+            self._death_reason = "its agent exited (TTL, or the sandbox was killed from outside)"
+            await self.kill()
+
+    async def _read_stderr(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        with contextlib.suppress(Exception):
+            while chunk := await self._proc.stderr.read(4096):
+                self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
+
+    def _dispatch(self, header: dict[str, Any], body: bytes) -> None:
+        op = header["op"]
+        if op == "out":
+            process = self._processes.get(header["cid"])
+            if process is not None:
+                process._output(header["s"], body)
+        elif op == "exit":
+            process = self._processes.pop(header["cid"], None)
+            if process is not None and not process._done.done():
+                split = header["n1"]
+                process._done.set_result(
+                    ExecResult(
+                        exit_code=header["code"],
+                        stdout=body[:split].decode(errors="replace"),
+                        stderr=body[split:].decode(errors="replace"),
+                        timed_out=header["timed_out"],
+                        truncated=header["truncated"],
+                        duration_s=header["duration"],
+                    )
+                )
+        elif op == "ready":
+            if not self._ready.done():
+                self._ready.set_result(None)
+        else:
+            future = self._pending.pop(header["rid"], None)
+            if future is not None and not future.done():
+                future.set_result((header, body))
+
+    def _send(self, header: dict[str, Any], body: bytes = b"") -> int:
+        if self._dead:
+            raise SandboxDeadError(
+                f"sandbox {self.id} is dead: {self._death_reason}", sandbox_id=self.id
+            )
+        assert self._proc is not None and self._proc.stdin is not None
+        rid = self._next_id
+        self._next_id += 1
+        header["rid"] = rid
+        data = json.dumps(header, separators=(",", ":")).encode()
+        self._proc.stdin.write(_HEADER.pack(len(data), len(body)) + data + body)
+        return rid
+
+    async def _request(
+        self, header: dict[str, Any], body: bytes = b""
+    ) -> tuple[dict[str, Any], bytes]:
+        future: asyncio.Future[tuple[dict[str, Any], bytes]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        rid = self._send(header, body)
+        self._pending[rid] = future
+        assert self._proc is not None and self._proc.stdin is not None
+        with contextlib.suppress(ConnectionError):
+            await self._proc.stdin.drain()
+        reply, data = await future
+        if reply["op"] == "err":
+            self._raise(reply, header)
+        return reply, data
+
+    def _raise(self, reply: dict[str, Any], request: dict[str, Any]) -> None:
+        code, message = reply["code"], reply["msg"]
+        if request["op"] == "exec":
+            raise CommandError(message, sandbox_id=self.id)
+        path = request.get("path", "")
+        reason = _FILE_ERRORS.get(code, message)
+        raise SandboxFileError(f"{request['op']} {path}: {reason}", sandbox_id=self.id)
+
+    # -- primitives ------------------------------------------------------------------------
+
+    async def _spawn(
+        self,
+        command: str,
+        *,
+        cwd: str,
+        env: dict[str, str],
+        stdin: bytes | None,
+        timeout_seconds: float | None,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+    ) -> AsyncProcess:
+        full_env = {
+            "PATH": _DEFAULT_PATH,
+            "HOME": "/work",
+            "USER": "sandbox",
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            **env,
+        }
+        header = {
+            "op": "exec",
+            "cmd": command,
+            "cwd": cwd,
+            "env": full_env,
+            "timeout": timeout_seconds,
+            "limit": self.spec.limits.output_bytes,
+            "stream": on_stdout is not None or on_stderr is not None,
+            "stdin": stdin is not None,
+        }
+        future: asyncio.Future[tuple[dict[str, Any], bytes]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        rid = self._send(header, stdin or b"")
+        self._pending[rid] = future
+        process = LocalProcess(self, rid, on_stdout, on_stderr)
+        self._processes[rid] = process  # registered before any output can arrive
+        assert self._proc is not None and self._proc.stdin is not None
+        with contextlib.suppress(ConnectionError):
+            await self._proc.stdin.drain()
+        try:
+            reply, _ = await future
+        except BaseException:
+            self._processes.pop(rid, None)
+            raise
+        if reply["op"] == "err":
+            self._processes.pop(rid, None)
+            self._raise(reply, header)
+        process.pid = reply["pid"]
+        return process
+
+    async def _write_file(self, path: str, data: bytes, mode: int) -> None:
+        await self._request({"op": "write", "path": path, "mode": mode}, data)
+
+    async def _read_file(self, path: str) -> bytes:
+        return (await self._request({"op": "read", "path": path}))[1]
+
+    async def _list_dir(self, path: str) -> list[FileEntry]:
+        reply, _ = await self._request({"op": "list", "path": path})
+        base = path.rstrip("/")
+        return [
+            FileEntry(
+                name=name, path=f"{base}/{name}", type=kind, size=size, mode=mode, mtime=mtime
+            )
+            for name, kind, size, mode, mtime in reply["entries"]
+        ]
+
+    async def _remove(self, path: str, recursive: bool) -> None:
+        await self._request({"op": "remove", "path": path, "recursive": recursive})
+
+    def info(self) -> SandboxInfo:
+        return SandboxInfo(
+            id=self.id,
+            name=self.spec.name,
+            provider="local",
+            template=self.spec.template,
+            template_id=self._provider.template(self.spec.template).identity,
+            created_at=self._created_at,
+            expires_at=self._expires_at,
+        )
+
+
+class _Template:
+    """How a template becomes bwrap arguments."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        if name == "python":
+            self.python = _host.template_python()
+            self.rootfs: Path | None = None
+            self.identity = f"python:{os.path.basename(self.python)}@{self._python_version()}"
+        else:
+            rootfs = Path(name)
+            if not rootfs.is_absolute() or not rootfs.is_dir():
+                raise ConfigError(
+                    f"template {name!r} is neither 'python' nor an absolute path of a root "
+                    "filesystem directory"
+                )
+            self.rootfs = rootfs.resolve()
+            python = self.rootfs / "usr/bin/python3"
+            if not python.exists() and not python.is_symlink():
+                raise ConfigError(
+                    f"template {name!r} has no /usr/bin/python3; rollbox's in-sandbox agent needs one"
+                )
+            if not _host.world_reachable(self.rootfs):
+                raise ConfigError(
+                    f"template {name!r} is not readable by the sandbox user (uid "
+                    f"{_host.SANDBOX_UID}): make its parent directories world-searchable (chmod o+x)"
+                )
+            self.python = "/usr/bin/python3"
+            st = self.rootfs.stat()
+            self.identity = f"dir:{self.rootfs}@{int(st.st_mtime)}"
+
+    def _python_version(self) -> str:
+        import subprocess
+
+        try:
+            out = subprocess.run(
+                [self.python, "-I", "-S", "-c", "import sys;print(sys.version.split()[0])"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        return out or "unknown"
+
+    def root_args(self, etc_dir: Path) -> list[str]:
+        if self.rootfs is not None:
+            return ["--overlay-src", str(self.rootfs), "--tmp-overlay", "/"]
+        args = ["--ro-bind", "/usr", "/usr"]
+        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            host = Path("/") / name
+            if host.is_symlink():
+                args += ["--symlink", os.readlink(host), f"/{name}"]
+            elif host.is_dir():
+                args += ["--ro-bind", str(host), f"/{name}"]
+        prefix = Path(self.python).parent.parent
+        if not str(prefix).startswith("/usr"):
+            args += ["--ro-bind", str(prefix), str(prefix)]
+        for name in _HOST_ETC:
+            if (Path("/etc") / name).exists():
+                args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+        for name in ("passwd", "group", "hosts", "hostname", "resolv.conf"):
+            args += ["--ro-bind", str(etc_dir / name), f"/etc/{name}"]
+        args += [
+            "--symlink",
+            self.python,
+            "/.rollbox/bin/python",
+            "--symlink",
+            self.python,
+            "/.rollbox/bin/python3",
+        ]
+        return args
+
+
+class LocalProvider(Provider):
+    """Sandboxes on this machine, with bubblewrap and cgroups.
+
+    Args:
+        max_sandboxes: cap on live sandboxes; past it ``create`` waits for a slot.
+        pool_size: sandboxes kept booted ahead of demand for each configuration that was used,
+            so that ``create`` takes a warm one (a few ms saved per sandbox).
+    """
+
+    name: ClassVar[str] = "local"
+    _live: ClassVar[weakref.WeakSet[LocalSandbox]] = weakref.WeakSet()
+
+    def __init__(self, *, max_sandboxes: int | None = None, pool_size: int | None = None) -> None:
+        if max_sandboxes is None:
+            max_sandboxes = int(os.environ.get("ROLLBOX_MAX_SANDBOXES", "256"))
+        if pool_size is None:
+            pool_size = int(os.environ.get("ROLLBOX_POOL_SIZE", "0"))
+        if max_sandboxes < 1:
+            raise ConfigError("max_sandboxes must be at least 1")
+        if pool_size < 0:
+            raise ConfigError("pool_size must be 0 or more")
+        self.max_sandboxes = max_sandboxes
+        self.pool_size = pool_size
+        self.cgroups = _host.require_cgroups()
+        self.bwrap = _host.bwrap_path()
+        if not _seccomp.supported():
+            raise BackendUnavailableError(
+                "rollbox's seccomp filter supports x86_64 and aarch64 only"
+            )
+        self.seccomp_program = _seccomp.build_filter()
+        self.state_dir = _host.state_dir() / "sandboxes"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state_dir.parent, 0o755)  # bwrap, as the sandbox user, binds files from it
+        self._etc_dir = self._write_etc()
+        self._agent_path = self._write_shared("agent.py", _AGENT_SOURCE)
+        self._templates: dict[str, _Template] = {}
+        self._live_here: dict[str, LocalSandbox] = {}
+        self._slots_used = 0
+        self._slot_freed: asyncio.Condition | None = None
+        self._pools: dict[tuple[Any, ...], deque[LocalSandbox]] = {}
+        self._refills: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.cleanup()
+        _install_exit_hook()
+
+    def _write_etc(self) -> Path:
+        etc = _host.state_dir() / "etc"
+        etc.mkdir(exist_ok=True)
+        os.chmod(etc, 0o755)
+        files = {
+            "passwd": "root:x:0:0:root:/root:/bin/sh\n"
+            f"sandbox:x:{_host.SANDBOX_UID}:{_host.SANDBOX_UID}:sandbox:/work:/bin/bash\n",
+            "group": f"root:x:0:\nsandbox:x:{_host.SANDBOX_UID}:\n",
+            "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
+            "hostname": "sandbox\n",
+            "resolv.conf": "",
+        }
+        for name, text in files.items():
+            self._write_shared(f"etc/{name}", text.encode())
+        return etc
+
+    def _write_shared(self, name: str, data: bytes) -> Path:
+        """A world-readable file in the state directory, for bwrap to bind read-only."""
+        path = _host.state_dir() / name
+        if not path.exists() or path.read_bytes() != data:
+            temporary = path.with_name(f".{path.name}.{os.getpid()}")
+            temporary.write_bytes(data)
+            os.chmod(temporary, 0o644)
+            os.replace(temporary, path)
+        return path
+
+    def template(self, name: str) -> _Template:
+        template = self._templates.get(name)
+        if template is None:
+            template = self._templates[name] = _Template(name)
+        return template
+
+    def bwrap_argv(
+        self, template: _Template, disk_mb: int, pids_cgroup: Path, seccomp_fd: int
+    ) -> list[str]:
+        size = str(disk_mb * 1024 * 1024)
+        return [
+            self.bwrap,
+            "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup", "--unshare-net",
+            "--disable-userns", "--cap-drop", "ALL", "--as-pid-1", "--die-with-parent",
+            "--new-session", "--clearenv", "--hostname", "sandbox",
+            *template.root_args(self._etc_dir),
+            "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+            "--perms", "0755", "--size", size, "--tmpfs", "/work",
+            "--bind", str(pids_cgroup), _CGROUP_IN_SANDBOX,
+            "--ro-bind", str(self._agent_path), _AGENT_IN_SANDBOX,
+            "--remount-ro", "/",
+            "--chdir", "/work", "--setenv", "PATH", _DEFAULT_PATH, "--setenv", "HOME", "/work",
+            "--seccomp", str(seccomp_fd),
+            "--", template.python, "-I", "-S", _AGENT_IN_SANDBOX, _CGROUP_IN_SANDBOX,
+        ]  # fmt: skip
+
+    # -- slots -----------------------------------------------------------------------------
+
+    async def _take_slot(self, wait: bool, timeout: float) -> None:
+        if self._slot_freed is None:
+            self._slot_freed = asyncio.Condition()
+        if self._slots_used < self.max_sandboxes:
+            self._slots_used += 1
+            return
+        if not wait:
+            raise TooManySandboxesError(
+                f"{self.max_sandboxes} sandboxes are live (LocalProvider(max_sandboxes=...)); "
+                "kill some, or create with wait_for_slot=True"
+            )
+        async with self._slot_freed:
+            try:
+                await asyncio.wait_for(
+                    self._slot_freed.wait_for(lambda: self._slots_used < self.max_sandboxes),
+                    timeout,
+                )
+            except TimeoutError:
+                raise TooManySandboxesError(
+                    f"no sandbox slot freed within {timeout}s ({self.max_sandboxes} live)"
+                ) from None
+            self._slots_used += 1
+
+    def _release_slot(self) -> None:
+        self._slots_used -= 1
+        condition = self._slot_freed
+        if condition is not None:
+
+            async def notify() -> None:
+                async with condition:
+                    condition.notify()
+
+            with contextlib.suppress(RuntimeError):  # no running loop: at exit
+                asyncio.get_running_loop().create_task(notify())
+
+    # -- create ----------------------------------------------------------------------------
+
+    async def create(
+        self, spec: SandboxSpec, *, wait_for_slot: bool = True, slot_timeout_seconds: float = 300.0
+    ) -> LocalSandbox:
+        if self._closed:
+            raise SandboxStartError("this LocalProvider is closed")
+        if spec.network.enabled:
+            raise BackendUnavailableError(
+                "NetworkConfig(allow_out=...) is not available on the local backend yet; "
+                "sandboxes have no network (loopback only)"
+            )
+        template = self.template(spec.template)
+        key = (spec.template, spec.network, spec.limits.disk_mb)
+        await self._take_slot(wait_for_slot, slot_timeout_seconds)
+        try:
+            sandbox = self._take_pooled(key)
+            if sandbox is None:
+                sandbox = LocalSandbox(self, self._new_id(), key)
+                self._register(sandbox)
+                await sandbox._boot(template, spec.limits.disk_mb)
+            await sandbox._activate(spec)
+        except BaseException:
+            self._slots_used -= 1
+            raise
+        sandbox._holds_slot = True
+        self._schedule_refill(key, template, spec.limits.disk_mb)
+        return sandbox
+
+    def _new_id(self) -> str:
+        return "sb-" + secrets.token_hex(6)
+
+    def _register(self, sandbox: LocalSandbox) -> None:
+        self._live_here[sandbox.id] = sandbox
+        self._live.add(sandbox)
+
+    def _take_pooled(self, key: tuple[Any, ...]) -> LocalSandbox | None:
+        pool = self._pools.get(key)
+        while pool:
+            sandbox = pool.popleft()
+            if sandbox.alive:
+                return sandbox
+        return None
+
+    def _schedule_refill(self, key: tuple[Any, ...], template: _Template, disk_mb: int) -> None:
+        if self.pool_size == 0 or self._closed:
+            return
+        pool = self._pools.setdefault(key, deque())
+        missing = (
+            self.pool_size - len(pool) - sum(1 for t in self._refills if t.get_name() == repr(key))
+        )
+        for _ in range(missing):
+            task = asyncio.ensure_future(self._refill(key, template, disk_mb, pool))
+            task.set_name(repr(key))
+            self._refills.add(task)
+            task.add_done_callback(self._refills.discard)
+
+    async def _refill(
+        self, key: tuple[Any, ...], template: _Template, disk_mb: int, pool: deque[LocalSandbox]
+    ) -> None:
+        sandbox = LocalSandbox(self, self._new_id(), key)
+        self._register(sandbox)
+        try:
+            await sandbox._boot(template, disk_mb)
+        except SandboxError:
+            return
+        if self._closed:
+            await sandbox.kill()
+        else:
+            pool.append(sandbox)
+
+    # -- the rest of the contract ----------------------------------------------------------
+
+    async def list(self) -> list[SandboxInfo]:
+        return [s.info() for s in self._live_here.values() if s.alive and s._holds_slot]
+
+    async def get(self, sandbox_id: str) -> LocalSandbox:
+        sandbox = self._live_here.get(sandbox_id)
+        if sandbox is None or not sandbox.alive:
+            raise SandboxDeadError(
+                f"no live sandbox {sandbox_id!r} in this provider", sandbox_id=sandbox_id
+            )
+        return sandbox
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._refills):
+            task.cancel()
+        sandboxes = [s for s in self._live_here.values() if s.alive]
+        await asyncio.gather(*(s.kill() for s in sandboxes), return_exceptions=True)
+        self._live_here.clear()
+        self._pools.clear()
+
+    def cleanup(self) -> int:
+        """Reap sandboxes whose owning process died or whose TTL passed; returns how many."""
+        reaped = 0
+        now = time.time()
+        known: set[str] = set()
+        for path in sorted(self.state_dir.glob("*.json")):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            known.add(record["id"])
+            owner_alive = _host.process_start_time(record["owner_pid"]) == record.get("owner_start")
+            expired = record.get("expires_at") is not None and now > record["expires_at"] + 5
+            if owner_alive and not expired:
+                continue
+            cgroups = {k: Path(v) for k, v in record.get("cgroups", {}).items()}
+            if _destroy(record.get("pid"), record.get("pid_start"), cgroups):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                known.discard(record["id"])
+                reaped += 1
+        # cgroups without a record: a crash between mkdir and record cannot happen (the record
+        # is written first), so these are leftovers of a removed record.
+        for parent in self.cgroups.parents.values():
+            for child in parent.glob("sb-*"):
+                if child.name not in known and child.is_dir():
+                    cgroups = {c: p / child.name for c, p in self.cgroups.parents.items()}
+                    _destroy(None, None, cgroups)
+                    reaped += 1
+        return reaped
+
+    def _kill_all_now(self) -> None:
+        for sandbox in list(self._live_here.values()):
+            if sandbox.alive:
+                sandbox._destroy_now()
+
+
+def _kill_everything_at_exit() -> None:
+    for sandbox in list(LocalProvider._live):
+        if sandbox.alive:
+            with contextlib.suppress(Exception):
+                sandbox._destroy_now()
+
+
+_exit_hook_installed = False
+
+
+def _install_exit_hook() -> None:
+    global _exit_hook_installed
+    if not _exit_hook_installed:
+        atexit.register(_kill_everything_at_exit)
+        _exit_hook_installed = True
