@@ -1,0 +1,74 @@
+"""Shared fixtures: real local sandboxes, and a check that nothing of them is left behind."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from rollbox.sandbox import _host
+
+
+def live_leftovers() -> dict[str, list[str]]:
+    """What of rollbox's sandboxes is still on the machine: cgroups, state records, bwrap processes."""
+    found: dict[str, list[str]] = {"cgroups": [], "records": [], "bwrap": []}
+    layout = _host.cgroup_layout()
+    if layout is not None:
+        for parent in layout.parents.values():
+            found["cgroups"] += [str(p) for p in parent.glob("sb-*")]
+    records = _host.state_dir() / "sandboxes"
+    if records.is_dir():
+        found["records"] += [p.name for p in records.glob("*.json")]
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "comm").read_text().strip() == "bwrap":
+                    found["bwrap"].append(proc.name)
+            except OSError:
+                pass
+    return {k: v for k, v in found.items() if v}
+
+
+def assert_no_leftovers(sandbox_ids: set[str] | None = None) -> None:
+    """Fail if a sandbox (all, or those in ``sandbox_ids``) left a cgroup, record or process."""
+    leftovers = live_leftovers()
+    if sandbox_ids is not None:
+        leftovers = {
+            k: [v for v in vs if any(i in v for i in sandbox_ids)] for k, vs in leftovers.items() if k != "bwrap"
+        }
+        leftovers = {k: v for k, v in leftovers.items() if v}
+    assert not leftovers, f"left behind: {leftovers}"
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[object]:
+    """A fresh LocalProvider, closed (every sandbox killed) after the test."""
+    from rollbox.sandbox.local import LocalProvider
+
+    local = LocalProvider()
+    yield local
+    await local.close()
+
+
+@pytest.fixture
+async def sandbox(provider: object) -> AsyncIterator[object]:
+    """One live sandbox with default settings, killed after the test."""
+    from rollbox import AsyncSandbox
+
+    async with await AsyncSandbox.create(provider=provider) as box:  # type: ignore[arg-type]
+        yield box
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leaks_after_session() -> object:
+    yield
+    if os.environ.get("ROLLBOX_SKIP_LEAK_CHECK"):
+        return
+    import gc
+
+    gc.collect()
+    leftovers = live_leftovers()
+    leftovers.pop("bwrap", None)  # may belong to other processes on the machine
+    assert not leftovers, f"the test session left sandboxes behind: {leftovers}"
