@@ -36,7 +36,9 @@ def assert_no_leftovers(sandbox_ids: set[str] | None = None) -> None:
     leftovers = live_leftovers()
     if sandbox_ids is not None:
         leftovers = {
-            k: [v for v in vs if any(i in v for i in sandbox_ids)] for k, vs in leftovers.items() if k != "bwrap"
+            k: [v for v in vs if any(i in v for i in sandbox_ids)]
+            for k, vs in leftovers.items()
+            if k != "bwrap"
         }
         leftovers = {k: v for k, v in leftovers.items() if v}
     assert not leftovers, f"left behind: {leftovers}"

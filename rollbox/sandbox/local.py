@@ -220,7 +220,7 @@ class LocalSandbox(AsyncSandbox):
         self._created_at = datetime.now(UTC)
         self._expires_at: datetime | None = None
         self._holds_slot = False
-        self._stderr_tail = b""
+        self._stderr_tail = bytearray()
         self._tasks: set[asyncio.Future[Any]] = set()
 
     # -- life cycle ------------------------------------------------------------------------
@@ -297,13 +297,15 @@ class LocalSandbox(AsyncSandbox):
             pid_start=self._pid_start,
             expires_at=None,
         )
-        self._reader = asyncio.ensure_future(self._read_agent())
-        self._background(self._read_stderr())
+        # The readers hold the sandbox weakly, so an abandoned sandbox is collected (and killed).
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._reader = asyncio.ensure_future(_read_agent(weakref.ref(self), self._proc.stdout))
+        self._background(_read_stderr(self._stderr_tail, self._proc.stderr))
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), _START_TIMEOUT)
         except (TimeoutError, SandboxDeadError) as exc:
             await self.kill()
-            detail = self._stderr_tail.decode(errors="replace").strip()
+            detail = bytes(self._stderr_tail).decode(errors="replace").strip()
             raise SandboxStartError(
                 f"sandbox {self.id} did not start: {detail or exc or 'timed out'}",
                 sandbox_id=self.id,
@@ -317,7 +319,9 @@ class LocalSandbox(AsyncSandbox):
         if spec.ttl_seconds is not None:
             self._expires_at = self._created_at + timedelta(seconds=spec.ttl_seconds)
             await self._request({"op": "ttl", "seconds": spec.ttl_seconds})
-            self._ttl_handle = asyncio.get_running_loop().call_later(spec.ttl_seconds, self._expire)
+            self._ttl_handle = asyncio.get_running_loop().call_later(
+                spec.ttl_seconds, _expire, weakref.ref(self)
+            )
         self._record.write(
             id=self.id,
             owner_pid=os.getpid(),
@@ -391,28 +395,10 @@ class LocalSandbox(AsyncSandbox):
 
     # -- the agent connection --------------------------------------------------------------
 
-    async def _read_agent(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        stdout = self._proc.stdout
-        try:
-            while True:
-                hlen, blen = _HEADER.unpack(await stdout.readexactly(_HEADER.size))
-                header = json.loads(await stdout.readexactly(hlen))
-                body = await stdout.readexactly(blen) if blen else b""
-                self._dispatch(header, body)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        except asyncio.CancelledError:
-            return
+    def _agent_gone(self) -> None:
         if not self._dead:
             self._death_reason = "its agent exited (TTL, or the sandbox was killed from outside)"
-            await self.kill()
-
-    async def _read_stderr(self) -> None:
-        assert self._proc is not None and self._proc.stderr is not None
-        with contextlib.suppress(Exception):
-            while chunk := await self._proc.stderr.read(4096):
-                self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
+            self._background(self.kill())
 
     def _dispatch(self, header: dict[str, Any], body: bytes) -> None:
         op = header["op"]
@@ -562,6 +548,41 @@ class LocalSandbox(AsyncSandbox):
         )
 
 
+async def _read_agent(sandbox_ref: weakref.ref[LocalSandbox], stdout: asyncio.StreamReader) -> None:
+    """Dispatch the agent's messages to the sandbox until the agent's pipe closes."""
+    try:
+        while True:
+            hlen, blen = _HEADER.unpack(await stdout.readexactly(_HEADER.size))
+            header = json.loads(await stdout.readexactly(hlen))
+            body = await stdout.readexactly(blen) if blen else b""
+            sandbox = sandbox_ref()
+            if sandbox is None:
+                return
+            sandbox._dispatch(header, body)
+            del sandbox
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    except asyncio.CancelledError:
+        return
+    sandbox = sandbox_ref()
+    if sandbox is not None:
+        sandbox._agent_gone()
+
+
+async def _read_stderr(tail: bytearray, stderr: asyncio.StreamReader) -> None:
+    """Keep the last 4 KiB of bwrap's and the agent's stderr, for start-up errors."""
+    with contextlib.suppress(Exception):
+        while chunk := await stderr.read(4096):
+            tail += chunk
+            del tail[:-4096]
+
+
+def _expire(sandbox_ref: weakref.ref[LocalSandbox]) -> None:
+    sandbox = sandbox_ref()
+    if sandbox is not None:
+        sandbox._expire()
+
+
 class _Template:
     """How a template becomes bwrap arguments."""
 
@@ -666,13 +687,15 @@ class LocalProvider(Provider):
                 "rollbox's seccomp filter supports x86_64 and aarch64 only"
             )
         self.seccomp_program = _seccomp.build_filter()
-        self.state_dir = _host.state_dir() / "sandboxes"
+        self.state_dir = self.state_path()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state_dir.parent, 0o755)  # bwrap, as the sandbox user, binds files from it
         self._etc_dir = self._write_etc()
         self._agent_path = self._write_shared("agent.py", _AGENT_SOURCE)
         self._templates: dict[str, _Template] = {}
-        self._live_here: dict[str, LocalSandbox] = {}
+        self._live_here: weakref.WeakValueDictionary[str, LocalSandbox] = (
+            weakref.WeakValueDictionary()
+        )
         self._slots_used = 0
         self._slot_freed: asyncio.Condition | None = None
         self._pools: dict[tuple[Any, ...], deque[LocalSandbox]] = {}
@@ -680,6 +703,11 @@ class LocalProvider(Provider):
         self._closed = False
         self.cleanup()
         _install_exit_hook()
+
+    @staticmethod
+    def state_path() -> Path:
+        """The directory of live-sandbox records, one JSON file per sandbox."""
+        return _host.state_dir() / "sandboxes"
 
     def _write_etc(self) -> Path:
         etc = _host.state_dir() / "etc"

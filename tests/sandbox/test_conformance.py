@@ -1,0 +1,35 @@
+"""Every provider that can start on this machine passes the same contract."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from rollbox.errors import BackendUnavailableError
+from rollbox.sandbox.conformance import CHECKS, Check, Harness
+
+
+def _local(**kwargs: object):  # type: ignore[no-untyped-def]
+    from rollbox.sandbox.local import LocalProvider
+
+    return LocalProvider(**kwargs)  # type: ignore[arg-type]
+
+
+PROVIDERS = {"local": _local}
+
+
+@pytest.fixture(params=sorted(PROVIDERS))
+async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    make = PROVIDERS[request.param]
+    try:
+        provider = make()
+    except BackendUnavailableError as exc:
+        pytest.skip(f"{request.param} provider cannot start here: {exc}")
+    yield Harness(provider=provider, make_provider=make)
+    await provider.close()
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__.removeprefix("check_"))
+async def test_conformance(check: Check, harness: Harness) -> None:
+    await check(harness)
