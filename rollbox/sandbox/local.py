@@ -757,7 +757,9 @@ class LocalProvider(Provider):
             "--perms", "0755", "--size", size, "--tmpfs", "/work",
             "--bind", str(pids_cgroup), _CGROUP_IN_SANDBOX,
             "--ro-bind", str(self._agent_path), _AGENT_IN_SANDBOX,
-            "--remount-ro", "/",
+            # the python template's root is bwrap's tmpfs: read-only. A root filesystem
+            # template's root is its own writable overlay (bounded by the memory cgroup).
+            *(["--remount-ro", "/"] if template.rootfs is None else []),
             "--chdir", "/work", "--setenv", "PATH", _DEFAULT_PATH, "--setenv", "HOME", "/work",
             "--seccomp", str(seccomp_fd),
             "--", template.python, "-I", "-S", _AGENT_IN_SANDBOX, _CGROUP_IN_SANDBOX,
