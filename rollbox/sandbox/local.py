@@ -222,6 +222,7 @@ class LocalSandbox(AsyncSandbox):
         self._holds_slot = False
         self._stderr_tail = bytearray()
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._owner_pid = os.getpid()
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -381,6 +382,8 @@ class LocalSandbox(AsyncSandbox):
     def _destroy_now(self) -> None:
         """Synchronous teardown: used by kill, by atexit and by the garbage collector."""
         self._dead = True
+        if os.getpid() != self._owner_pid:
+            return  # a forked child's copy: the sandbox belongs to the parent
         pid = self._proc.pid if self._proc is not None else None
         if _destroy(pid, self._pid_start, self._cgroups):
             self._record.remove()

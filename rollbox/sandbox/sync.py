@@ -20,6 +20,17 @@ _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 
 
+def _forget_loop_in_child() -> None:
+    # A forked child (e.g. gymnasium's AsyncVectorEnv worker) has the loop object but not its
+    # thread: it must start its own.
+    global _loop, _lock
+    _loop = None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_loop_in_child)
+
+
 def shared_loop() -> asyncio.AbstractEventLoop:
     """The event loop that the sync API drives, started on first use in a daemon thread."""
     global _loop
