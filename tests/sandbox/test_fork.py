@@ -17,7 +17,7 @@ def test_forked_child_gets_its_own_loop_and_leaves_parent_sandboxes_alone() -> N
             try:
                 with Sandbox.create() as child_box:
                     ok = child_box.commands.run("echo child").stdout == "child\n"
-                del parent_box  # noqa: F821 - the child's copy: must not kill the parent's sandbox
+                del parent_box  # the child's copy: must not kill the parent's sandbox
                 gc.collect()
                 os.write(write_end, b"ok" if ok else b"bad")
                 status = 0
