@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -71,6 +72,26 @@ def _no_leaks_after_session() -> object:
     import gc
 
     gc.collect()
+    # Only what this session owns (or what has no owner at all): other processes on the
+    # machine may have live sandboxes of their own.
+    mine = set()
+    records = _host.state_dir() / "sandboxes"
+    for path in records.glob("*.json") if records.is_dir() else ():
+        try:
+            if json.loads(path.read_text())["owner_pid"] == os.getpid():
+                mine.add(path.stem)
+        except (OSError, ValueError, KeyError):
+            continue
     leftovers = live_leftovers()
-    leftovers.pop("bwrap", None)  # may belong to other processes on the machine
+    leftovers.pop("bwrap", None)
+    leftovers = {
+        kind: [
+            item
+            for item in items
+            if any(i in item for i in mine)
+            or (kind == "cgroups" and not (records / f"{Path(item).name}.json").exists())
+        ]
+        for kind, items in leftovers.items()
+    }
+    leftovers = {k: v for k, v in leftovers.items() if v}
     assert not leftovers, f"the test session left sandboxes behind: {leftovers}"
