@@ -95,9 +95,13 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def _start_owner(mode: str) -> tuple[subprocess.Popen[str], str]:
+def _start_owner(mode: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
     owner = subprocess.Popen(
-        [sys.executable, "-c", _SCRIPT, mode], stdout=subprocess.PIPE, text=True, cwd="/"
+        [sys.executable, "-c", _SCRIPT, mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        env={**os.environ, **(env or {})},
     )
     assert owner.stdout is not None
     sandbox_id = owner.stdout.readline().strip()
@@ -113,8 +117,11 @@ def test_ctrl_c_leaves_nothing() -> None:
     assert_no_leftovers({sandbox_id})
 
 
-def test_kill_9_of_the_owner_is_reaped() -> None:
-    owner, sandbox_id = _start_owner("sleep")
+def test_kill_9_of_the_owner_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A state directory of its own, so that no other process's reaper gets there first.
+    state = Path(f"/run/rollbox-test-{os.getpid()}")
+    monkeypatch.setenv("ROLLBOX_STATE_DIR", str(state))
+    owner, sandbox_id = _start_owner("sleep", {"ROLLBOX_STATE_DIR": str(state)})
     bwraps = _bwrap_children_of(owner.pid)
     assert bwraps, "the owner should have a bwrap child"
     owner.kill()
@@ -125,5 +132,6 @@ def test_kill_9_of_the_owner_is_reaped() -> None:
         time.sleep(0.05)
     # what the dead owner left: its record and cgroups, until a provider starts and reaps them
     assert (LocalProvider.state_path() / f"{sandbox_id}.json").exists()
-    LocalProvider()
+    assert LocalProvider().reaped_at_start >= 1
     assert_no_leftovers({sandbox_id})
+    subprocess.run(["rm", "-rf", str(state)], check=True)
