@@ -1,1 +1,5 @@
-"""Reward functions (imported as ``rollbox.rewards``)."""
+"""Reward functions: pure, and sandbox-executed (imported as ``rollbox.rewards``)."""
+
+from rollbox.rewards.result import RewardResult
+
+__all__ = ["RewardResult"]

@@ -1,0 +1,130 @@
+"""Scoring the final state of an episode: stop the agent, then run the task's verifier."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import posixpath
+import secrets
+
+from rollbox.envs.task import Task, TestsVerifier
+from rollbox.errors import CommandError, SandboxFileError
+from rollbox.rewards import RewardResult
+from rollbox.sandbox.base import AsyncSandbox
+
+_DETAIL_CHARS = 2000
+
+# kill(-1) from inside the sandbox reaches every process of the sandbox user but PID 1 (rollbox's
+# agent, immune as the namespace's init) and the caller. Repeat until /proc shows nothing else
+# alive (zombies aside: PID 1 reaps them), using shell builtins only, so nothing new is forked.
+STOP_SCRIPT = r"""kill -9 -1 2>/dev/null
+n=0
+while [ $n -lt 200 ]; do
+  alive=0
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    if [ "$pid" = 1 ] || [ "$pid" = $$ ]; then continue; fi
+    read -r stat < "$p/stat" 2>/dev/null || continue
+    state=${stat##*) }
+    state=${state%% *}
+    if [ "$state" = Z ] || [ "$state" = X ]; then continue; fi
+    alive=$((alive + 1))
+  done
+  if [ $alive = 0 ]; then exit 0; fi
+  kill -9 -1 2>/dev/null
+  n=$((n + 1))
+done
+echo "$alive processes survived kill -9 -1" >&2
+exit 1
+"""
+
+
+async def stop_agent_processes(sandbox: AsyncSandbox) -> str | None:
+    """Kill every process in the sandbox but its agent; a description of the failure, or None.
+
+    It fails only when the sandbox's own processes prevent it (its pids limit is exhausted and
+    stays so): that is the agent's doing, and the episode then scores 0.
+    """
+    problem = "unknown"
+    for attempt in range(20):
+        try:
+            result = await sandbox.commands.run(STOP_SCRIPT, cwd="/", timeout_seconds=30)
+        except CommandError as exc:  # no process can start: the pids limit is held
+            problem = f"cannot start a process to stop the agent's: {exc}"
+            await asyncio.sleep(0.01 * (attempt + 1))
+            continue
+        if result.exit_code == 0:
+            return None
+        problem = result.stderr.strip() or f"the stop script exited {result.exit_code}"
+    return f"could not stop the agent's processes: {problem}"
+
+
+async def verify(sandbox: AsyncSandbox, task: Task) -> RewardResult:
+    """Score the sandbox with the task's verifier, after stopping every agent process.
+
+    A failure caused by the sandbox's state (tests that fail, a full /tmp, a pids limit held by
+    the agent) scores 0.0 with the reason in ``details``; an infrastructure failure (the sandbox
+    died) or a bug in a verifier callable raises.
+    """
+    verifier = task.verifier
+    if verifier is None:
+        return RewardResult(score=0.0, details={"verifier": "none"})
+    problem = await stop_agent_processes(sandbox)
+    if problem is not None:
+        return RewardResult(score=0.0, details={"error": problem})
+    if isinstance(verifier, TestsVerifier):
+        return await run_tests(sandbox, verifier)
+    name = getattr(verifier, "__name__", type(verifier).__name__)
+    value = verifier(sandbox, task)
+    if inspect.isawaitable(value):
+        value = await value
+    return RewardResult.coerce(value, name=name)
+
+
+async def run_tests(sandbox: AsyncSandbox, verifier: TestsVerifier) -> RewardResult:
+    """Upload the hidden files to a fresh directory and run the test command there."""
+    directory = f"/tmp/.rollbox-verifier-{secrets.token_hex(8)}"
+    try:
+        if verifier.files:
+            for relative, file in verifier.files.items():
+                path = posixpath.join(directory, relative)
+                await sandbox.files.write(path, file.content, mode=file.mode)
+        else:
+            made = await sandbox.commands.run(f"mkdir -p -- {directory}", cwd="/")
+            if not made.ok:
+                raise SandboxFileError(f"mkdir {directory}: {made.stderr.strip()}")
+    except SandboxFileError as exc:  # e.g. the agent filled or locked /tmp
+        return _failed(f"could not upload the hidden tests: {exc}")
+    nonce = secrets.token_hex(16) if verifier.stdin_nonce else None
+    try:
+        result = await sandbox.commands.run(
+            verifier.command,
+            cwd=verifier.cwd or directory,
+            env={"TESTS_DIR": directory, **verifier.env},
+            timeout_seconds=verifier.timeout_seconds,
+            stdin=f"{nonce}\n" if nonce else None,
+        )
+    except CommandError as exc:
+        return _failed(f"the test command could not start: {exc}")
+    passed = result.exit_code == 0 and not result.timed_out
+    if nonce is not None:
+        confirmed = nonce in result.stdout.split()
+        passed = passed and confirmed
+    stdout, stderr = result.stdout, result.stderr
+    if nonce is not None:
+        stdout = stdout.replace(nonce, "<nonce>")
+    details = {
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "duration_s": result.duration_s,
+        "stdout": stdout[-_DETAIL_CHARS:],
+        "stderr": stderr[-_DETAIL_CHARS:],
+    }
+    if nonce is not None:
+        details["nonce_confirmed"] = confirmed
+    score = 1.0 if passed else 0.0
+    return RewardResult(score=score, components={"tests": score}, details=details)
+
+
+def _failed(reason: str) -> RewardResult:
+    return RewardResult(score=0.0, components={"tests": 0.0}, details={"error": reason})
