@@ -6,7 +6,9 @@ bwrap maps the sandbox user to host root), in new user, pid, mount, ipc, uts, ne
 namespaces, with every capability dropped, nested user namespaces disabled and a seccomp filter.
 Writable storage is tmpfs created inside the sandbox's own mount namespace, so no mount can
 outlive it. Each sandbox has its own memory, pids and cpu cgroups, recorded in a state
-directory so that ``cleanup`` reaps what a killed host process left.
+directory so that ``cleanup`` reaps what a killed host process left. A sandbox with
+``NetworkConfig(allow_out=...)`` is started in a network namespace of its own instead of an
+empty one, behind an nftables allow-list (``_netns.py``; root only).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import resource
 import secrets
 import signal
 import struct
+import subprocess
 import time
 import weakref
 from collections import deque
@@ -37,9 +40,9 @@ from rollbox.errors import (
     SandboxStartError,
     TooManySandboxesError,
 )
-from rollbox.sandbox import _host, _seccomp
+from rollbox.sandbox import _host, _netns, _seccomp
 from rollbox.sandbox.base import AsyncProcess, AsyncSandbox, OutputCallback, Provider
-from rollbox.sandbox.models import ExecResult, FileEntry, SandboxInfo, SandboxSpec
+from rollbox.sandbox.models import ExecResult, FileEntry, NetworkConfig, SandboxInfo, SandboxSpec
 
 _HEADER = struct.Struct(">II")
 _AGENT_SOURCE = Path(__file__).with_name("_agent.py").read_bytes()
@@ -140,10 +143,11 @@ class _Record:
 
     def __init__(self, directory: Path, sandbox_id: str) -> None:
         self.path = directory / f"{sandbox_id}.json"
+        self.extra: dict[str, Any] = {}  # kept in every write (the sandbox's network)
 
     def write(self, **data: Any) -> None:
         temporary = self.path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(data))
+        temporary.write_text(json.dumps({**data, **self.extra}))
         os.replace(temporary, self.path)
 
     def remove(self) -> None:
@@ -209,6 +213,7 @@ class LocalSandbox(AsyncSandbox):
         }
         self._proc: asyncio.subprocess.Process | None = None
         self._pid_start: int | None = None
+        self._net: _netns.SandboxNet | None = None  # its netns, veth and nft table, if any
         self._reader: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[tuple[dict[str, Any], bytes]]] = {}
         self._processes: dict[int, LocalProcess] = {}
@@ -229,6 +234,10 @@ class LocalSandbox(AsyncSandbox):
     async def _boot(self, template: _Template, disk_mb: int) -> None:
         """Start bwrap and the agent; raise SandboxStartError if they do not come up."""
         provider = self._provider
+        # Pool keys hold the NetworkConfig: a pooled sandbox is booted with its network.
+        network = next((k for k in self._pool_key if isinstance(k, NetworkConfig)), None)
+        if network is not None and network.enabled:  # recorded first, so cleanup finds it
+            self._record.extra["net"] = _netns.SandboxNet(self.id).record()
         self._record.write(
             id=self.id,
             owner_pid=os.getpid(),
@@ -252,14 +261,43 @@ class LocalSandbox(AsyncSandbox):
                 f"cannot set up cgroups for {self.id}: {exc}", sandbox_id=self.id
             ) from exc
 
+        net_fd = -1
+        if network is not None and network.enabled:
+            setup = asyncio.ensure_future(
+                asyncio.to_thread(_netns.setup, self.id, network, str(self._record.path))
+            )
+            try:
+                try:
+                    self._net = await asyncio.shield(setup)
+                except asyncio.CancelledError:  # the thread goes on: remove what it makes
+                    with contextlib.suppress(Exception):
+                        self._net = await setup
+                    self._destroy_now()
+                    raise
+                self._record.extra["net"] = self._net.record()
+                if self._dead:
+                    raise SandboxDeadError(f"sandbox {self.id} was killed while starting")
+                net_fd = _netns.open_netns(self._net)  # joined in the child, before bwrap
+            except (SandboxError, OSError) as exc:
+                self._destroy_now()
+                if isinstance(exc, SandboxStartError):
+                    raise
+                raise SandboxStartError(
+                    f"cannot set up the network of {self.id}: {exc}", sandbox_id=self.id
+                ) from exc
+
         seccomp_fd = os.memfd_create("rollbox-seccomp", 0)
         os.write(seccomp_fd, provider.seccomp_program)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
         argv = provider.bwrap_argv(template, disk_mb, self._cgroups["pids"], seccomp_fd)
+        if net_fd >= 0:
+            argv.remove("--unshare-net")  # it runs in the sandbox's own netns instead
         procs_paths = [str(p / "cgroup.procs") for p in self._cgroups.values()]
         disk_bytes = disk_mb * 1024 * 1024
 
         def enter_sandbox_user() -> None:  # runs in the child, as root, before bwrap
+            if net_fd >= 0:  # a failure here aborts the exec: never the host's network
+                _netns.enter(net_fd)
             for path in procs_paths:
                 fd = os.open(path, os.O_WRONLY)
                 os.write(fd, b"0")
@@ -283,11 +321,13 @@ class LocalSandbox(AsyncSandbox):
                 env={},
                 limit=1 << 24,
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:  # the latter: preexec_fn failed
             self._destroy_now()
             raise SandboxStartError(f"cannot start bwrap: {exc}", sandbox_id=self.id) from exc
         finally:
             os.close(seccomp_fd)
+            if net_fd >= 0:
+                os.close(net_fd)
         self._pid_start = _host.process_start_time(self._proc.pid)
         self._record.write(
             id=self.id,
@@ -352,6 +392,9 @@ class LocalSandbox(AsyncSandbox):
         if self._dead:
             return
         self._mark_dead()
+        if self._net is not None and os.getpid() == self._owner_pid:
+            # the kernel takes ~40 ms to remove a network: not on the loop
+            await asyncio.to_thread(self._destroy_processes_and_network)
         self._destroy_now()
         if self._proc is not None and self._proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, TimeoutError):
@@ -385,11 +428,23 @@ class LocalSandbox(AsyncSandbox):
         if os.getpid() != self._owner_pid:
             return  # a forked child's copy: the sandbox belongs to the parent
         pid = self._proc.pid if self._proc is not None else None
-        if _destroy(pid, self._pid_start, self._cgroups):
+        destroyed = _destroy(pid, self._pid_start, self._cgroups)
+        if self._destroy_network() and destroyed:
             self._record.remove()
         if self._holds_slot:
             self._holds_slot = False
             self._provider._release_slot()
+
+    def _destroy_network(self) -> bool:
+        """Remove the sandbox's netns, veth and nft table (after its processes); True when gone."""
+        if self._net is not None and _netns.teardown(self._net):
+            self._net = None
+        return self._net is None
+
+    def _destroy_processes_and_network(self) -> None:
+        pid = self._proc.pid if self._proc is not None else None
+        _destroy(pid, self._pid_start, self._cgroups)
+        self._destroy_network()
 
     def __del__(self) -> None:
         if not getattr(self, "_dead", True):
@@ -660,6 +715,16 @@ class _Template:
         return args
 
 
+def _int_from_env(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={text!r} must be an integer") from None
+
+
 class LocalProvider(Provider):
     """Sandboxes on this machine, with bubblewrap and cgroups.
 
@@ -674,9 +739,9 @@ class LocalProvider(Provider):
 
     def __init__(self, *, max_sandboxes: int | None = None, pool_size: int | None = None) -> None:
         if max_sandboxes is None:
-            max_sandboxes = int(os.environ.get("ROLLBOX_MAX_SANDBOXES", "256"))
+            max_sandboxes = _int_from_env("ROLLBOX_MAX_SANDBOXES", 256)
         if pool_size is None:
-            pool_size = int(os.environ.get("ROLLBOX_POOL_SIZE", "0"))
+            pool_size = _int_from_env("ROLLBOX_POOL_SIZE", 0)
         if max_sandboxes < 1:
             raise ConfigError("max_sandboxes must be at least 1")
         if pool_size < 0:
@@ -700,11 +765,12 @@ class LocalProvider(Provider):
             weakref.WeakValueDictionary()
         )
         self._slots_used = 0
-        self._slot_freed: asyncio.Condition | None = None
+        self._slot_waiters: deque[asyncio.Future[None]] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._pools: dict[tuple[Any, ...], deque[LocalSandbox]] = {}
         self._refills: set[asyncio.Task[None]] = set()
         self._closed = False
-        self.cleanup()
+        self.reaped_at_start = self.cleanup()  # what crashed processes left behind
         _install_exit_hook()
 
     @staticmethod
@@ -771,39 +837,40 @@ class LocalProvider(Provider):
     # -- slots -----------------------------------------------------------------------------
 
     async def _take_slot(self, wait: bool, timeout: float) -> None:
-        if self._slot_freed is None:
-            self._slot_freed = asyncio.Condition()
-        if self._slots_used < self.max_sandboxes:
-            self._slots_used += 1
-            return
-        if not wait:
-            raise TooManySandboxesError(
-                f"{self.max_sandboxes} sandboxes are live (LocalProvider(max_sandboxes=...)); "
-                "kill some, or create with wait_for_slot=True"
-            )
-        async with self._slot_freed:
-            try:
-                await asyncio.wait_for(
-                    self._slot_freed.wait_for(lambda: self._slots_used < self.max_sandboxes),
-                    timeout,
+        loop = self._loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._slots_used >= self.max_sandboxes:
+            if not wait:
+                raise TooManySandboxesError(
+                    f"{self.max_sandboxes} sandboxes are live (LocalProvider(max_sandboxes=...)); "
+                    "kill some, or create with wait_for_slot=True"
                 )
+            waiter = loop.create_future()
+            self._slot_waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
             except TimeoutError:
                 raise TooManySandboxesError(
                     f"no sandbox slot freed within {timeout}s ({self.max_sandboxes} live)"
                 ) from None
-            self._slots_used += 1
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._slot_waiters.remove(waiter)
+        self._slots_used += 1
 
     def _release_slot(self) -> None:
+        """Free a slot; callable from any thread (the garbage collector's included)."""
         self._slots_used -= 1
-        condition = self._slot_freed
-        if condition is not None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake_one_waiter)
 
-            async def notify() -> None:
-                async with condition:
-                    condition.notify()
-
-            with contextlib.suppress(RuntimeError):  # no running loop: at exit
-                asyncio.get_running_loop().create_task(notify())
+    def _wake_one_waiter(self) -> None:
+        while self._slot_waiters:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     # -- create ----------------------------------------------------------------------------
 
@@ -813,10 +880,7 @@ class LocalProvider(Provider):
         if self._closed:
             raise SandboxStartError("this LocalProvider is closed")
         if spec.network.enabled:
-            raise BackendUnavailableError(
-                "NetworkConfig(allow_out=...) is not available on the local backend yet; "
-                "sandboxes have no network (loopback only)"
-            )
+            _netns.require(spec.network)  # root, ip and nft, a free address range
         template = self.template(spec.template)
         key = (spec.template, spec.network, spec.limits.disk_mb)
         await self._take_slot(wait_for_slot, slot_timeout_seconds)
@@ -891,12 +955,15 @@ class LocalProvider(Provider):
 
     async def close(self) -> None:
         self._closed = True
-        for task in list(self._refills):
+        refills = list(self._refills)
+        for task in refills:
             task.cancel()
+        await asyncio.gather(*refills, return_exceptions=True)  # a boot undoes its own work
         sandboxes = [s for s in self._live_here.values() if s.alive]
         await asyncio.gather(*(s.kill() for s in sandboxes), return_exceptions=True)
         self._live_here.clear()
         self._pools.clear()
+        _netns.release_host_if_idle()
 
     def cleanup(self) -> int:
         """Reap sandboxes whose owning process died or whose TTL passed; returns how many."""
@@ -916,19 +983,24 @@ class LocalProvider(Provider):
             if owner_alive and not expired:
                 continue
             cgroups = {k: Path(v) for k, v in record.get("cgroups", {}).items()}
-            if _destroy(record.get("pid"), record.get("pid_start"), cgroups):
+            destroyed = _destroy(record.get("pid"), record.get("pid_start"), cgroups)
+            if _netns.teardown(record.get("net")) and destroyed:
                 with contextlib.suppress(OSError):
                     path.unlink()
                 known.discard(record["id"])
                 reaped += 1
-        # cgroups without a record: a crash between mkdir and record cannot happen (the record
-        # is written first), so these are leftovers of a removed record.
+        # Cgroups without a record are what a failed removal left. Only empty ones are removed:
+        # one with processes may belong to a sandbox of another state directory, or to one
+        # whose record was written after the scan above (records are written before cgroups).
         for parent in self.cgroups.parents.values():
             for child in parent.glob("sb-*"):
-                if child.name not in known and child.is_dir():
-                    cgroups = {c: p / child.name for c, p in self.cgroups.parents.items()}
-                    _destroy(None, None, cgroups)
+                if child.name in known or (self.state_dir / f"{child.name}.json").exists():
+                    continue
+                if _remove_cgroups({"orphan": child}):
                     reaped += 1
+        # Network namespaces, veths, nft tables and leases whose record is gone.
+        reaped += _netns.reap()
+        _netns.release_host_if_idle()
         return reaped
 
     def _kill_all_now(self) -> None:
@@ -942,6 +1014,8 @@ def _kill_everything_at_exit() -> None:
         if sandbox.alive:
             with contextlib.suppress(Exception):
                 sandbox._destroy_now()
+    with contextlib.suppress(Exception):
+        _netns.release_host_if_idle()
 
 
 _exit_hook_installed = False

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import os
 import threading
 from collections.abc import Coroutine
@@ -44,7 +42,11 @@ def shared_loop() -> asyncio.AbstractEventLoop:
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine on the shared loop and wait for it; Ctrl-C cancels it there."""
+    """Run a coroutine on the shared loop and wait for it; Ctrl-C cancels it there.
+
+    On Ctrl-C this waits (up to 10 s) until the cancelled coroutine has finished its cleanup
+    (killing sandboxes), so that the interpreter does not exit in the middle of it.
+    """
     loop = shared_loop()
     try:
         running = asyncio.get_running_loop()
@@ -55,14 +57,20 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         raise RuntimeError(
             "the sync rollbox API was called from its own event loop; use the async API"
         )
-    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    finished = threading.Event()
+
+    async def tracked() -> T:
+        try:
+            return await coro
+        finally:
+            finished.set()
+
+    future = asyncio.run_coroutine_threadsafe(tracked(), loop)
     try:
         return future.result()
     except (KeyboardInterrupt, SystemExit):
-        future.cancel()
-        # let the cancellation (and the cleanup it triggers) finish
-        with contextlib.suppress(concurrent.futures.CancelledError, Exception):
-            future.result(timeout=10)
+        future.cancel()  # the concurrent future ends at once; the loop-side task is what we wait for
+        finished.wait(timeout=10)
         raise
 
 
