@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import posixpath
 import secrets
@@ -14,49 +13,18 @@ from rollbox.sandbox.base import AsyncSandbox
 
 _DETAIL_CHARS = 2000
 
-# kill(-1) from inside the sandbox reaches every process of the sandbox user but PID 1 (rollbox's
-# agent, immune as the namespace's init) and the caller. Repeat until /proc shows nothing else
-# alive (zombies aside: PID 1 reaps them), using shell builtins only, so nothing new is forked.
-STOP_SCRIPT = r"""kill -9 -1 2>/dev/null
-n=0
-while [ $n -lt 200 ]; do
-  alive=0
-  for p in /proc/[0-9]*; do
-    pid=${p#/proc/}
-    if [ "$pid" = 1 ] || [ "$pid" = $$ ]; then continue; fi
-    read -r stat < "$p/stat" 2>/dev/null || continue
-    state=${stat##*) }
-    state=${state%% *}
-    if [ "$state" = Z ] || [ "$state" = X ]; then continue; fi
-    alive=$((alive + 1))
-  done
-  if [ $alive = 0 ]; then exit 0; fi
-  kill -9 -1 2>/dev/null
-  n=$((n + 1))
-done
-echo "$alive processes survived kill -9 -1" >&2
-exit 1
-"""
-
 
 async def stop_agent_processes(sandbox: AsyncSandbox) -> str | None:
-    """Kill every process in the sandbox but its agent; a description of the failure, or None.
+    """Kill every process in the sandbox but its init; a description of the failure, or None.
 
-    It fails only when the sandbox's own processes prevent it (its pids limit is exhausted and
-    stays so): that is the agent's doing, and the episode then scores 0.
+    It fails only when the sandbox's own processes survive SIGKILL (which the agent cannot
+    cause): the episode then scores 0.
     """
-    problem = "unknown"
-    for attempt in range(20):
-        try:
-            result = await sandbox.commands.run(STOP_SCRIPT, cwd="/", timeout_seconds=30)
-        except CommandError as exc:  # no process can start: the pids limit is held
-            problem = f"cannot start a process to stop the agent's: {exc}"
-            await asyncio.sleep(0.01 * (attempt + 1))
-            continue
-        if result.exit_code == 0:
-            return None
-        problem = result.stderr.strip() or f"the stop script exited {result.exit_code}"
-    return f"could not stop the agent's processes: {problem}"
+    try:
+        await sandbox.commands.kill_all()
+    except CommandError as exc:
+        return f"could not stop the agent's processes: {exc}"
+    return None
 
 
 async def verify(sandbox: AsyncSandbox, task: Task) -> RewardResult:

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
 
-from rollbox.errors import ConfigError, SandboxFileError
+from rollbox.errors import CommandError, ConfigError, SandboxFileError
 from rollbox.sandbox.models import (
     ExecResult,
     FileEntry,
@@ -126,6 +126,14 @@ class AsyncSandbox(ABC):
     ) -> AsyncProcess:
         """Start ``command`` under ``/bin/sh -c``; ``env`` is already merged."""
 
+    async def _kill_all_processes(self) -> None:
+        """Kill every process in the sandbox but its init. Providers with a cheaper way override."""
+        result = await self.commands.run(
+            "kill -9 -1; sleep 0.05; kill -9 -1; true", cwd="/", timeout_seconds=30
+        )
+        if result.exit_code != 0:
+            raise CommandError(f"could not stop the sandbox's processes: {result.stderr.strip()}")
+
     @abstractmethod
     async def _write_file(self, path: str, data: bytes, mode: int) -> None:
         """Write a file, creating parent directories."""
@@ -212,6 +220,16 @@ class AsyncCommands:
         except asyncio.CancelledError:
             await asyncio.shield(process.kill())
             raise
+
+    async def kill_all(self) -> None:
+        """Kill every process running in the sandbox; the sandbox itself stays alive.
+
+        Used before scoring, so that nothing the agent left running can see the hidden tests.
+
+        Raises:
+            CommandError: some process survived.
+        """
+        await self._sandbox._kill_all_processes()
 
     async def spawn(
         self,

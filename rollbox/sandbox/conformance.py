@@ -234,6 +234,17 @@ async def check_persistence_and_concurrency(h: Harness) -> None:
         assert [r.stdout for r in results] == [f"{i}\n" for i in range(10)]
 
 
+async def check_kill_all(h: Harness) -> None:
+    """commands.kill_all stops every process, background and setsid'd ones too; the sandbox lives."""
+    async with await h.create() as sb:
+        await sb.commands.spawn("sleep 1001")
+        await sb.commands.run("nohup sleep 1002 >/dev/null 2>&1 & setsid sh -c 'sleep 1003 &'")
+        await sb.commands.kill_all()
+        left = await sb.commands.run("ps -eo args | grep -E '^sleep 100[1-3]' || true")
+        assert left.stdout == "", f"survived kill_all: {left.stdout}"
+        assert (await sb.commands.run("echo alive")).stdout == "alive\n"
+
+
 async def check_kill_idempotent(h: Harness) -> None:
     """kill twice is fine; a killed sandbox raises SandboxDeadError."""
     sb = await h.create()
@@ -341,6 +352,7 @@ CHECKS: list[Check] = [
     check_streaming,
     check_truncation,
     check_persistence_and_concurrency,
+    check_kill_all,
     check_kill_idempotent,
     check_context_manager,
     check_running_command_when_killed,

@@ -575,6 +575,13 @@ class LocalSandbox(AsyncSandbox):
         process.pid = reply["pid"]
         return process
 
+    async def _kill_all_processes(self) -> None:
+        reply, _ = await self._request({"op": "killall"})
+        if reply["survivors"]:
+            raise CommandError(
+                f"{reply['survivors']} processes survived SIGKILL in {self.id}", sandbox_id=self.id
+            )
+
     async def _write_file(self, path: str, data: bytes, mode: int) -> None:
         await self._request({"op": "write", "path": path, "mode": mode}, data)
 

@@ -124,6 +124,10 @@ class SyncCommands:
             )
         )
 
+    def kill_all(self) -> None:
+        """Kill every process running in the sandbox (see ``AsyncCommands.kill_all``)."""
+        run_sync(self._commands.kill_all())
+
     def spawn(
         self,
         command: str,

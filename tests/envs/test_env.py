@@ -356,10 +356,10 @@ async def test_stdin_nonce_stops_early_exit(provider: LocalProvider) -> None:
             assert info["verifier"]["nonce_confirmed"] is bool(reward)
 
 
-async def test_pids_held_by_the_agent_score_zero_not_leak(provider: LocalProvider) -> None:
-    # With every pid taken, no process can start to stop the agent's: the hidden tests are
-    # never uploaded and the episode scores 0 (the agent's doing), with the reason in info.
-    task = answer_task(limits=Limits(pids=24), verifier={"command": "true"})
+async def test_pids_held_by_the_agent_do_not_stop_scoring(provider: LocalProvider) -> None:
+    # Every pid is taken, so no process could start to stop the agent's: the sandbox's init
+    # kills them without forking, and the hidden tests still run.
+    task = answer_task(limits=Limits(pids=24), verifier={"command": "echo scored"})
     hog = (
         "parent=$$\n"
         # takes the pid this shell frees when it exits, so that none is left
@@ -369,10 +369,11 @@ async def test_pids_held_by_the_agent_score_zero_not_leak(provider: LocalProvide
     )
     async with AsyncSandboxEnv(task, provider=provider) as env:
         await env.reset()
-        await env.step(hog)
+        obs, *_ = await env.step(hog)
+        blocked, *_ = await env.step("echo can-start")
+        assert "could not start" in blocked  # the pids are held: nothing can fork
         _, reward, terminated, _, info = await env.step({"tool": "submit"})
-        assert (reward, terminated) == (0.0, True)
-        assert "could not stop the agent's processes" in info["verifier"]["error"]
+        assert (reward, terminated) == (1.0, True), info
 
 
 async def test_an_exception_in_step_kills_the_sandbox(provider: LocalProvider) -> None:
