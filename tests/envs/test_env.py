@@ -369,7 +369,7 @@ async def test_pids_held_by_the_agent_do_not_stop_scoring(provider: LocalProvide
     )
     async with AsyncSandboxEnv(task, provider=provider) as env:
         await env.reset()
-        obs, *_ = await env.step(hog)
+        await env.step(hog)
         blocked, *_ = await env.step("echo can-start")
         assert "could not start" in blocked  # the pids are held: nothing can fork
         _, reward, terminated, _, info = await env.step({"tool": "submit"})
