@@ -46,7 +46,18 @@ class SandboxStartError(SandboxError):
 
 
 class SandboxDeadError(SandboxError):
-    """The sandbox is gone (killed, expired, or its agent died)."""
+    """The sandbox is gone (killed, expired, or its agent died).
+
+    ``reason`` is one of ``"killed"``, ``"ttl"``, ``"oom"`` (its own processes and files used
+    up ``Limits.memory_mb``: the policy's doing, which a reward should score as a failure) or
+    ``"exited"`` (its agent ended for another reason).
+    """
+
+    def __init__(
+        self, message: str, *, sandbox_id: str | None = None, reason: str = "killed"
+    ) -> None:
+        super().__init__(message, sandbox_id=sandbox_id)
+        self.reason = reason
 
 
 class SandboxFileError(SandboxError):

@@ -129,6 +129,7 @@ class Agent:
         self.stdin_owner = {}  # fd -> Command (writing its stdin)
         self.draining = set()  # fds of finished commands, read and discarded until EOF
         self.lingering = set()  # cgroups of finished commands that still had processes
+        self.known_cgroups = set()  # the command cgroups this agent made
         self.ttl_deadline = None
         self.poll = select.epoll()
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -191,7 +192,7 @@ class Agent:
                 self.write_file(req["path"], body, req.get("mode", 0o644))
                 self.send({"op": "ok", "rid": rid})
             elif op == "read":
-                self.send({"op": "ok", "rid": rid}, self.read_file(req["path"]))
+                self.send({"op": "ok", "rid": rid}, self.read_file(req["path"], req["limit"]))
             elif op == "list":
                 self.send({"op": "ok", "rid": rid, "entries": self.list_dir(req["path"])})
             elif op == "remove":
@@ -221,6 +222,8 @@ class Agent:
                 errno.ENOTEMPTY: "not_empty",
                 errno.EEXIST: "exists",
                 errno.ELOOP: "loop",
+                errno.ENODEV: "not_regular",
+                errno.ENXIO: "not_regular",
             }.get(exc.errno, "os_error")
             self.error(
                 rid, code, "%s: %s" % (exc.strerror or exc, req.get("path", req.get("cwd", "")))
@@ -234,8 +237,13 @@ class Agent:
         parent = os.path.dirname(path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        # O_NONBLOCK and no O_TRUNC until we know it is a regular file: a FIFO or device planted
+        # by sandboxed code must not block this single-threaded agent or be written to.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, mode)
         try:
+            self.require_regular(fd)
+            os.set_blocking(fd, True)
+            os.ftruncate(fd, 0)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
@@ -243,19 +251,30 @@ class Agent:
         finally:
             os.close(fd)
 
-    def read_file(self, path):
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    def read_file(self, path, limit):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            if stat.S_ISDIR(os.fstat(fd).st_mode):
-                raise IsADirectoryError(errno.EISDIR, "Is a directory")
+            self.require_regular(fd)
+            os.set_blocking(fd, True)
             chunks = []
+            size = 0
             while True:
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
                     return b"".join(chunks)
+                size += len(chunk)
+                if size > limit:  # e.g. a /proc file that never ends
+                    raise OSError(errno.EFBIG, "File larger than the read limit")
                 chunks.append(chunk)
         finally:
             os.close(fd)
+
+    def require_regular(self, fd):
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory")
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.ENODEV, "Not a regular file (a FIFO, socket or device)")
 
     def list_dir(self, path):
         entries = []
@@ -312,6 +331,7 @@ class Agent:
             command.cgroup = "%s/c%d" % (self.cgroup_root, cid)
             try:
                 os.mkdir(command.cgroup)
+                self.known_cgroups.add(command.cgroup)
             except OSError:
                 command.cgroup = None
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -325,6 +345,10 @@ class Agent:
         # its own cgroup, before it can fork anything.
         try:
             os.chdir(cwd)
+            # Commands are the OOM killer's first choice, the agent its last: files in the
+            # sandbox's tmpfs count against its memory but belong to no process. (Raising is
+            # allowed unprivileged; lowering back only to the value we started with.)
+            self.set_oom_score(b"1000")
             if command.cgroup:
                 self.join_cgroup(command.cgroup)
             pid = os.posix_spawn(
@@ -343,6 +367,7 @@ class Agent:
         finally:
             if command.cgroup:
                 self.join_cgroup(self.cgroup_root)
+            self.set_oom_score(b"0")
             os.chdir("/")
         os.close(in_r)
         os.close(out_w)
@@ -470,6 +495,18 @@ class Agent:
         # keep the record for logs() until the host forgets it; output is small and capped
         del self.commands[command.cid]
 
+    def set_oom_score(self, value):
+        try:
+            fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        except OSError:
+            return
+        try:
+            os.write(fd, value)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
     def join_cgroup(self, cgroup):
         fd = os.open(cgroup + "/cgroup.procs", os.O_WRONLY)
         try:
@@ -485,6 +522,33 @@ class Agent:
             pass
         if command.cgroup:
             self.kill_cgroup(command.cgroup)
+        self.kill_strays()
+
+    def kill_strays(self):
+        """Kill processes that left their command's cgroup to escape a timeout.
+
+        Sandboxed code runs as the same user as this agent, so it can move itself into the
+        sandbox's root cgroup or into one it made. Nothing legitimate lives there: every command
+        starts inside its own cgroup.
+        """
+        if not self.cgroup_root:
+            return
+        try:
+            with open(self.cgroup_root + "/cgroup.procs") as procs:
+                strays = [int(pid) for pid in procs.read().split() if pid != "1"]
+        except (OSError, ValueError):
+            strays = []
+        for pid in strays:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for dirpath, dirnames, _files in os.walk(self.cgroup_root):
+            for name in dirnames:
+                path = os.path.join(dirpath, name)
+                if path not in self.known_cgroups:
+                    self.kill_cgroup(path)
+                    self.try_rmdir(path)
 
     def kill_all(self):
         """Kill every process but this one (PID 1); how many non-zombies are left (0 on success).
@@ -533,6 +597,7 @@ class Agent:
     def try_rmdir(self, cgroup):
         try:
             os.rmdir(cgroup)
+            self.known_cgroups.discard(cgroup)
             return True
         except OSError:
             return False

@@ -349,12 +349,12 @@ class AsyncFiles:
                 if entry.name in ("", ".", "..") or "/" in entry.name:
                     continue  # a hostile listing cannot steer us out of local_dir
                 host_path = local / entry.name
+                if host_path.is_symlink():
+                    host_path.unlink()  # never write through a link already in the target
                 if entry.type == "dir":
                     host_path.mkdir(exist_ok=True)
                     pending.append((entry.path, host_path))
                 elif entry.type == "file":
-                    if host_path.is_symlink():
-                        host_path.unlink()
                     host_path.write_bytes(await self._sandbox._read_file(entry.path))
                     count += 1
         return count

@@ -63,6 +63,7 @@ _FILE_ERRORS = {
     "read_only": "read-only file system (only /work, /tmp and overlays are writable)",
     "no_space": "no space left (Limits.disk_mb)",
     "too_big": "file larger than Limits.disk_mb",
+    "not_regular": "not a regular file (a FIFO, socket or device)",
 }
 
 
@@ -221,6 +222,7 @@ class LocalSandbox(AsyncSandbox):
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._dead = False
         self._death_reason = "killed"
+        self._death_kind = "killed"
         self._ttl_handle: asyncio.TimerHandle | None = None
         self._created_at = datetime.now(UTC)
         self._expires_at: datetime | None = None
@@ -377,6 +379,7 @@ class LocalSandbox(AsyncSandbox):
 
     def _expire(self) -> None:
         self._death_reason = f"its TTL of {self.spec.ttl_seconds}s ran out"
+        self._death_kind = "ttl"
         self._background(self.kill())
 
     def _background(self, coro: Any) -> None:
@@ -407,7 +410,9 @@ class LocalSandbox(AsyncSandbox):
         if self._ttl_handle is not None:
             self._ttl_handle.cancel()
         error = SandboxDeadError(
-            f"sandbox {self.id} is dead: {self._death_reason}", sandbox_id=self.id
+            f"sandbox {self.id} is dead: {self._death_reason}",
+            sandbox_id=self.id,
+            reason=self._death_kind,
         )
         for future in self._pending.values():
             if not future.done():
@@ -453,9 +458,30 @@ class LocalSandbox(AsyncSandbox):
 
     # -- the agent connection --------------------------------------------------------------
 
+    def _oom_kills(self) -> int:
+        """How many processes the OOM killer took in this sandbox's memory cgroup."""
+        try:
+            text = (self._cgroups["memory"] / "memory.oom_control").read_text()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
+
     def _agent_gone(self) -> None:
         if not self._dead:
-            self._death_reason = "its agent exited (TTL, or the sandbox was killed from outside)"
+            if self._oom_kills() > 0:
+                self._death_kind = "oom"
+                self._death_reason = (
+                    "the out-of-memory killer ended it: its processes and its files in /work, "
+                    "/tmp and /dev/shm (which are RAM) used up Limits.memory_mb"
+                )
+            else:
+                self._death_kind = "exited"
+                self._death_reason = (
+                    "its agent exited (TTL, or the sandbox was killed from outside)"
+                )
             self._background(self.kill())
 
     def _dispatch(self, header: dict[str, Any], body: bytes) -> None:
@@ -489,7 +515,9 @@ class LocalSandbox(AsyncSandbox):
     def _send(self, header: dict[str, Any], body: bytes = b"") -> int:
         if self._dead:
             raise SandboxDeadError(
-                f"sandbox {self.id} is dead: {self._death_reason}", sandbox_id=self.id
+                f"sandbox {self.id} is dead: {self._death_reason}",
+                sandbox_id=self.id,
+                reason=self._death_kind,
             )
         assert self._proc is not None and self._proc.stdin is not None
         rid = self._next_id
@@ -583,10 +611,15 @@ class LocalSandbox(AsyncSandbox):
             )
 
     async def _write_file(self, path: str, data: bytes, mode: int) -> None:
+        if len(data) > self.spec.limits.disk_mb * 1024 * 1024:
+            raise SandboxFileError(
+                f"write {path}: {len(data)} bytes is more than Limits.disk_mb", sandbox_id=self.id
+            )
         await self._request({"op": "write", "path": path, "mode": mode}, data)
 
     async def _read_file(self, path: str) -> bytes:
-        return (await self._request({"op": "read", "path": path}))[1]
+        limit = max(self.spec.limits.disk_mb * 1024 * 1024, 64 * 1024 * 1024)
+        return (await self._request({"op": "read", "path": path, "limit": limit}))[1]
 
     async def _list_dir(self, path: str) -> list[FileEntry]:
         reply, _ = await self._request({"op": "list", "path": path})
@@ -829,6 +862,8 @@ class LocalProvider(Provider):
             "--new-session", "--clearenv", "--hostname", "sandbox",
             *template.root_args(self._etc_dir),
             "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
+            "--remount-ro", "/dev",  # its tmpfs is writable and unbounded otherwise
             "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
             "--perms", "0755", "--size", size, "--tmpfs", "/work",
             "--bind", str(pids_cgroup), _CGROUP_IN_SANDBOX,
