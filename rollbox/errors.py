@@ -9,7 +9,8 @@
     │   ├── SandboxDeadError        it died or was killed (TTL, kill, OOM of its agent)
     │   ├── SandboxFileError        a file operation failed (missing file, not a directory, ...)
     │   └── TooManySandboxesError   the provider's cap on live sandboxes was reached
-    └── CommandError                a command could not be started (not: it exited non-zero)
+    ├── CommandError                a command could not be started (not: it exited non-zero)
+    └── TemplateBuildError          a template step failed; the message names it, with its output
 
 A command that exits non-zero is a result, never an exception.
 """
@@ -70,3 +71,7 @@ class TooManySandboxesError(SandboxError):
 
 class CommandError(SandboxError):
     """A command could not be started (bad cwd, ...). Non-zero exits are results, not errors."""
+
+
+class TemplateBuildError(RollboxError):
+    """A template could not be built: the message names the failed step and shows its output."""

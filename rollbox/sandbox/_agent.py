@@ -8,6 +8,13 @@ operations. Being inside the sandbox, every path it touches resolves in the sand
 namespace: symlinks made by sandboxed code can never reach a host file. As PID 1 of the pid
 namespace, it cannot be signalled by sandboxed code, and when it exits the kernel kills every
 process in the sandbox.
+
+Where the host lends no cgroup (a Docker container), each command runs under a forked child of
+the agent that is a subreaper (``PR_SET_CHILD_SUBREAPER``): orphans of the command, setsid'd and
+double-forked ones included, are re-parented to it rather than to PID 1, so the command's whole
+tree stays reachable through parent links while the command runs; a timeout stops that tree
+(SIGSTOP, so nothing forks while it is walked) and then kills it. The agent also makes itself
+non-dumpable there, so sandboxed code running as the same uid cannot ptrace it.
 """
 
 import errno
@@ -34,6 +41,8 @@ HEADER = struct.Struct(">II")
 CHUNK = 65536
 RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT)
 AFTER_EXIT_GRACE = 0.05  # seconds to wait for a finished command's pipes to reach EOF
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
 
 
 class JSONContext:
@@ -115,13 +124,15 @@ class Command:
         self.stdin_fd = -1
         self.stdin_data = b""
         self.finished = False
+        self.reaper = False  # pid is a subreaper that runs the shell (no cgroup here)
 
 
 class Agent:
-    def __init__(self, rfd, wfd, cgroup_root):
+    def __init__(self, rfd, wfd, cgroup_root, libc=None):
         self.rfd = rfd
         self.wfd = wfd
         self.cgroup_root = cgroup_root
+        self.libc = libc  # set where commands run under a subreaper (no cgroup)
         self.inbuf = bytearray()
         self.commands = {}  # cid -> Command
         self.by_pid = {}  # pid -> Command
@@ -205,6 +216,9 @@ class Agent:
             elif op == "killall":
                 self.send({"op": "ok", "rid": rid, "survivors": self.kill_all()})
             elif op == "ping":
+                self.send({"op": "ok", "rid": rid})
+            elif op == "capture":
+                self.capture(rid, req["paths"], req.get("scan_root", False))
                 self.send({"op": "ok", "rid": rid})
             else:
                 self.error(rid, "bad_request", "unknown op %r" % (op,))
@@ -316,6 +330,97 @@ class Agent:
                     os.rmdir(full)
         os.rmdir(path)
 
+    # -- snapshots -------------------------------------------------------------------------
+
+    def capture(self, rid, paths, scan_root):
+        """Stream a tar of ``paths`` (and of what this uid owns elsewhere in the root).
+
+        Members are named ``<top>/<relative path>`` (``work/...``, ``root/...``). Symlinks are
+        stored as symlinks, never followed; sockets, fifos and devices are skipped. A directory
+        owned by this uid outside ``paths`` is stored whole and marked opaque (pax header
+        ``ROLLBOX.opaque``), so a sandbox started from the snapshot sees exactly its content.
+        """
+        import tarfile
+
+        agent = self
+
+        class Chunks:
+            def write(self, data):
+                if data:
+                    agent.send({"op": "chunk", "rid": rid}, bytes(data))
+                return len(data)
+
+        with tarfile.open(
+            fileobj=Chunks(), mode="w|", format=tarfile.PAX_FORMAT, bufsize=1 << 20
+        ) as tar:
+            for path in paths:
+                self.add_tree(tar, path, path.strip("/").replace("/", "_"), False)
+            if scan_root:
+                self.add_owned(tar, "/", set(paths) | {"/proc", "/dev", "/sys", "/.rollbox"})
+
+    def add_owned(self, tar, directory, skip):
+        uid = os.getuid()
+        try:
+            with os.scandir(directory) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except OSError:
+            return
+        for entry in entries:
+            if entry.path in skip:
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_uid == uid:
+                self.add_tree(tar, entry.path, "root" + entry.path, True)
+            elif stat.S_ISDIR(st.st_mode):
+                self.add_owned(tar, entry.path, skip)
+
+    def add_tree(self, tar, path, name, opaque):
+        """Add ``path`` as ``name``; a directory with everything under it."""
+        import tarfile
+
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return
+        info = tarfile.TarInfo(name)
+        info.mode = stat.S_IMODE(st.st_mode)
+        info.mtime = int(st.st_mtime)
+        info.uid, info.gid = st.st_uid, st.st_gid
+        if stat.S_ISLNK(st.st_mode):
+            info.type = tarfile.SYMTYPE
+            try:
+                info.linkname = os.readlink(path)
+            except OSError:
+                return
+            tar.addfile(info)
+        elif stat.S_ISREG(st.st_mode):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                return
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):  # swapped for a FIFO since the lstat
+                    return
+                info.size = st.st_size
+                tar.addfile(info, SizedReader(fd, info.size))
+            finally:
+                os.close(fd)
+        elif stat.S_ISDIR(st.st_mode):
+            info.type = tarfile.DIRTYPE
+            if opaque:
+                info.pax_headers = {"ROLLBOX.opaque": "1"}
+            tar.addfile(info)
+            try:
+                names = sorted(os.listdir(path))
+            except OSError:
+                names = []
+            for child in names:
+                self.add_tree(tar, path.rstrip("/") + "/" + child, name + "/" + child, False)
+
     # -- commands --------------------------------------------------------------------------
 
     def start_command(self, req, stdin_data):
@@ -351,19 +456,23 @@ class Agent:
             self.set_oom_score(b"1000")
             if command.cgroup:
                 self.join_cgroup(command.cgroup)
-            pid = os.posix_spawn(
-                "/bin/sh",
-                ["/bin/sh", "-c", req["cmd"]],
-                req["env"],
-                file_actions=[
-                    (os.POSIX_SPAWN_DUP2, in_r, 0),
-                    (os.POSIX_SPAWN_DUP2, out_w, 1),
-                    (os.POSIX_SPAWN_DUP2, err_w, 2),
-                ],
-                setsid=True,
-                setsigdef=RESET_SIGNALS,
-                setsigmask=(),
-            )
+            if self.libc is not None and not command.cgroup:
+                pid = self.spawn_under_reaper(req["cmd"], req["env"], in_r, out_w, err_w)
+                command.reaper = True
+            else:
+                pid = os.posix_spawn(
+                    "/bin/sh",
+                    ["/bin/sh", "-c", req["cmd"]],
+                    req["env"],
+                    file_actions=[
+                        (os.POSIX_SPAWN_DUP2, in_r, 0),
+                        (os.POSIX_SPAWN_DUP2, out_w, 1),
+                        (os.POSIX_SPAWN_DUP2, err_w, 2),
+                    ],
+                    setsid=True,
+                    setsigdef=RESET_SIGNALS,
+                    setsigmask=(),
+                )
         finally:
             if command.cgroup:
                 self.join_cgroup(self.cgroup_root)
@@ -514,8 +623,77 @@ class Agent:
         finally:
             os.close(fd)
 
+    def spawn_under_reaper(self, cmd, env, in_r, out_w, err_w):
+        """Fork a subreaper that runs ``/bin/sh -c cmd`` and exits with its status."""
+        pid = os.fork()
+        if pid:
+            return pid
+        try:  # the child: never returns
+            signal.set_wakeup_fd(-1)
+            for signum in RESET_SIGNALS:
+                signal.signal(signum, signal.SIG_DFL)
+            os.setsid()
+            self.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            os.dup2(in_r, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.closerange(3, 1 << 16)
+            shell = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", cmd], env, setsigmask=())
+            while True:
+                child, status = os.waitpid(-1, 0)
+                if child == shell:
+                    break
+            code = os.waitstatus_to_exitcode(status)
+            if code < 0:  # died of a signal: so does this process, for the agent to see
+                os.kill(os.getpid(), -code)
+            os._exit(code & 0xFF)
+        except BaseException:
+            os._exit(127)
+
+    def descendants(self, root):
+        """Live (non-zombie) descendants of ``root``, from the parent links in /proc."""
+        children = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % name, "rb") as handle:
+                    fields = handle.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] not in (b"Z", b"X"):
+                children.setdefault(int(fields[1]), []).append(int(name))
+        found = []
+        pending = [root]
+        while pending:
+            for child in children.get(pending.pop(), ()):
+                found.append(child)
+                pending.append(child)
+        return found
+
+    def kill_reaped_tree(self, command):
+        """Stop the subreaper's whole tree until no new process shows up, then kill it all."""
+        stopped = set()
+        for _ in range(200):
+            new = [pid for pid in self.descendants(command.pid) if pid not in stopped]
+            if not new:
+                break
+            for pid in new:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+                stopped.add(pid)
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
     def kill_tree(self, command):
         """Kill every process the command started; its cgroup catches setsid'd orphans."""
+        if command.reaper:
+            self.kill_reaped_tree(command)
         try:
             os.killpg(command.pid, signal.SIGKILL)
         except OSError:
@@ -652,6 +830,39 @@ class Agent:
                 self.sweep_lingering()
 
 
+class SizedReader:
+    """A file read as exactly ``size`` bytes: cut if it grew, zero-padded if it shrank."""
+
+    def __init__(self, fd, size):
+        self.fd = fd
+        self.left = size
+
+    def read(self, n=-1):
+        if n < 0 or n > self.left:
+            n = self.left
+        data = b""
+        while len(data) < n:
+            try:
+                chunk = os.read(self.fd, n - len(data))
+            except OSError:
+                chunk = b""
+            if not chunk:
+                data += bytes(n - len(data))
+                break
+            data += chunk
+        self.left -= n
+        return data
+
+
+def reaper_libc():
+    """libc for prctl, where commands run under subreapers (no cgroup to kill them by)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # sandboxed code (same uid) cannot ptrace us
+    return libc
+
+
 def main():
     # Writes past RLIMIT_FSIZE must fail with EFBIG here, not kill the agent.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -662,7 +873,8 @@ def main():
     os.dup2(null, 1)
     os.close(null)
     cgroup_root = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "-" else None
-    Agent(rfd, wfd, cgroup_root).serve()
+    libc = reaper_libc() if cgroup_root is None else None
+    Agent(rfd, wfd, cgroup_root, libc).serve()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
 
-from rollbox.errors import CommandError, ConfigError, SandboxFileError
+from rollbox.errors import BackendUnavailableError, CommandError, ConfigError, SandboxFileError
 from rollbox.sandbox.models import (
     ExecResult,
     FileEntry,
@@ -19,7 +19,9 @@ from rollbox.sandbox.models import (
     NetworkConfig,
     SandboxInfo,
     SandboxSpec,
+    Snapshot,
 )
+from rollbox.sandbox.templates import Template
 
 OutputCallback = Callable[[str], Any]
 
@@ -55,6 +57,12 @@ class AsyncSandbox(ABC):
     id: str
     spec: SandboxSpec
     provider_name: ClassVar[str]
+    _provider: Provider
+
+    @property
+    def provider(self) -> Provider:
+        """The provider that made this sandbox (to make more like it)."""
+        return self._provider
 
     def __init__(self) -> None:
         self.files = AsyncFiles(self)
@@ -64,7 +72,8 @@ class AsyncSandbox(ABC):
     async def create(
         name: str | None = None,
         *,
-        from_template: str = "python",
+        from_template: str | Template = "python",
+        from_snapshot: Snapshot | None = None,
         network: NetworkConfig | None = None,
         limits: Limits | None = None,
         env_vars: dict[str, str] | None = None,
@@ -77,8 +86,12 @@ class AsyncSandbox(ABC):
 
         Args:
             name: a label shown by ``list``; not unique.
-            from_template: ``"python"`` (the host's Python, bash and coreutils, read-only) or the
-                path of a root filesystem directory.
+            from_template: ``"python"`` (the host's Python, bash and coreutils, read-only), a
+                :class:`~rollbox.sandbox.templates.Template` (built once, then cached), the name
+                of a built template (``rollbox template build``), or what the provider knows
+                besides: a root filesystem directory (local), an image (docker).
+            from_snapshot: start from a snapshot's files (``sandbox.snapshot()``) instead of
+                ``from_template``'s; the snapshot's provider must be this one.
             network: outbound policy; default no network at all.
             limits: resource limits; default ``Limits()``.
             env_vars: environment of every command.
@@ -94,10 +107,18 @@ class AsyncSandbox(ABC):
         """
         from rollbox.sandbox.registry import get_provider
 
+        if from_snapshot is not None:
+            if not isinstance(from_snapshot, Snapshot):
+                raise ConfigError(
+                    f"from_snapshot must be a Snapshot (from sandbox.snapshot()), "
+                    f"not {type(from_snapshot).__name__}"
+                )
+            from_template = from_snapshot.template
         try:
             spec = SandboxSpec(
                 name=name,
                 template=from_template,
+                snapshot=from_snapshot,
                 network=network or NetworkConfig(),
                 limits=limits or Limits(),
                 env_vars=env_vars or {},
@@ -106,9 +127,38 @@ class AsyncSandbox(ABC):
         except ValueError as exc:
             raise ConfigError(f"invalid sandbox settings: {exc}") from exc
         backend = provider if isinstance(provider, Provider) else get_provider(provider)
+        if from_snapshot is not None and from_snapshot.provider != backend.name:
+            raise ConfigError(
+                f"snapshot {from_snapshot.id} belongs to the {from_snapshot.provider!r} provider; "
+                f"create its sandboxes with provider={from_snapshot.provider!r}"
+            )
         return await backend.create(
             spec, wait_for_slot=wait_for_slot, slot_timeout_seconds=slot_timeout_seconds
         )
+
+    async def snapshot(self) -> Snapshot:
+        """Capture this sandbox's files (``/work``, ``/tmp`` and its writable root) as a snapshot.
+
+        The sandbox goes on running. Start sandboxes from the snapshot with
+        ``AsyncSandbox.create(from_snapshot=snap)``; remove it with ``delete_snapshot``.
+
+        Raises:
+            BackendUnavailableError: the provider cannot take snapshots.
+            SandboxDeadError: the sandbox is dead.
+        """
+        return await self._snapshot()
+
+    @staticmethod
+    async def delete_snapshot(
+        snapshot: Snapshot, *, provider: str | Provider | None = None
+    ) -> None:
+        """Delete a snapshot (idempotent); its running sandboxes are not affected."""
+        from rollbox.sandbox.registry import get_provider
+
+        if provider is None:
+            provider = snapshot.provider
+        backend = provider if isinstance(provider, Provider) else get_provider(provider)
+        await backend.delete_snapshot(snapshot)
 
     # -- the primitives a provider implements -------------------------------------------------
 
@@ -125,6 +175,10 @@ class AsyncSandbox(ABC):
         on_stderr: OutputCallback | None,
     ) -> AsyncProcess:
         """Start ``command`` under ``/bin/sh -c``; ``env`` is already merged."""
+
+    async def _snapshot(self) -> Snapshot:
+        """Capture the sandbox's filesystem. Providers that can override this."""
+        raise BackendUnavailableError(f"the {self.provider_name} provider cannot take snapshots")
 
     async def _kill_all_processes(self) -> None:
         """Kill every process in the sandbox but its init. Providers with a cheaper way override."""
@@ -382,3 +436,7 @@ class Provider(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Kill every sandbox of this provider and release its resources."""
+
+    async def delete_snapshot(self, snapshot: Snapshot) -> None:
+        """Delete a snapshot this provider made. Providers with snapshots override this."""
+        raise BackendUnavailableError(f"the {self.name} provider has no snapshots")

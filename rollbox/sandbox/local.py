@@ -21,8 +21,8 @@ import os
 import resource
 import secrets
 import signal
-import struct
 import subprocess
+import tempfile
 import time
 import weakref
 from collections import deque
@@ -32,39 +32,27 @@ from typing import Any, ClassVar
 
 from rollbox.errors import (
     BackendUnavailableError,
-    CommandError,
     ConfigError,
     SandboxDeadError,
     SandboxError,
-    SandboxFileError,
     SandboxStartError,
     TooManySandboxesError,
 )
-from rollbox.sandbox import _host, _netns, _seccomp
-from rollbox.sandbox.base import AsyncProcess, AsyncSandbox, OutputCallback, Provider
-from rollbox.sandbox.models import ExecResult, FileEntry, NetworkConfig, SandboxInfo, SandboxSpec
+from rollbox.sandbox import _host, _netns, _seccomp, _snapshots
+from rollbox.sandbox._agent_client import DEFAULT_PATH, AgentSandbox, read_agent
+from rollbox.sandbox.base import Provider
+from rollbox.sandbox.models import NetworkConfig, SandboxInfo, SandboxSpec, Snapshot
+from rollbox.sandbox.templates import BuiltTemplate, build_local, find_local_template
 
-_HEADER = struct.Struct(">II")
 _AGENT_SOURCE = Path(__file__).with_name("_agent.py").read_bytes()
 _AGENT_IN_SANDBOX = "/.rollbox/agent.py"
 _CGROUP_IN_SANDBOX = "/.rollbox/cg"
 _START_TIMEOUT = 15.0
-_DEFAULT_PATH = "/.rollbox/bin:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 # /etc entries of the host that the python template shows (all public, read-only).
 _HOST_ETC = (
     "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates",
     "localtime", "nsswitch.conf", "mime.types", "bash.bashrc", "inputrc", "profile",
 )  # fmt: skip
-_FILE_ERRORS = {
-    "not_found": "no such file or directory",
-    "is_dir": "is a directory",
-    "not_dir": "not a directory",
-    "permission": "permission denied",
-    "read_only": "read-only file system (only /work, /tmp and overlays are writable)",
-    "no_space": "no space left (Limits.disk_mb)",
-    "too_big": "file larger than Limits.disk_mb",
-    "not_regular": "not a regular file (a FIFO, socket or device)",
-}
 
 
 def _write_cgroup(path: Path, name: str, value: str) -> None:
@@ -156,48 +144,7 @@ class _Record:
             self.path.unlink()
 
 
-class LocalProcess(AsyncProcess):
-    """A command running in a local sandbox."""
-
-    def __init__(
-        self,
-        sandbox: LocalSandbox,
-        cid: int,
-        on_stdout: OutputCallback | None,
-        on_stderr: OutputCallback | None,
-    ) -> None:
-        self._sandbox = sandbox
-        self._cid = cid
-        self.pid = 0
-        self._callbacks = (on_stdout, on_stderr)
-        self._done: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
-
-    async def wait(self) -> ExecResult:
-        return await asyncio.shield(self._done)
-
-    async def kill(self) -> None:
-        if self._done.done() or not self._sandbox.alive:
-            return
-        with contextlib.suppress(SandboxDeadError):
-            await self._sandbox._request({"op": "kill", "cid": self._cid})
-
-    async def logs(self) -> tuple[str, str]:
-        if self._done.done() and not self._done.cancelled() and self._done.exception() is None:
-            result = self._done.result()
-            return result.stdout, result.stderr
-        header, body = await self._sandbox._request({"op": "logs", "cid": self._cid})
-        split = header["n1"]
-        return body[:split].decode(errors="replace"), body[split:].decode(errors="replace")
-
-    def _output(self, stream: int, data: bytes) -> None:
-        callback = self._callbacks[stream - 1]
-        if callback is not None:
-            result = callback(data.decode(errors="replace"))
-            if asyncio.iscoroutine(result):
-                self._sandbox._background(result)
-
-
-class LocalSandbox(AsyncSandbox):
+class LocalSandbox(AgentSandbox):
     """A sandbox of the local backend."""
 
     provider_name: ClassVar[str] = "local"
@@ -205,7 +152,6 @@ class LocalSandbox(AsyncSandbox):
     def __init__(self, provider: LocalProvider, sandbox_id: str, pool_key: tuple[Any, ...]) -> None:
         super().__init__()
         self.id = sandbox_id
-        self.spec = SandboxSpec()
         self._provider = provider
         self._pool_key = pool_key
         self._record = _Record(provider.state_dir, sandbox_id)
@@ -216,19 +162,11 @@ class LocalSandbox(AsyncSandbox):
         self._pid_start: int | None = None
         self._net: _netns.SandboxNet | None = None  # its netns, veth and nft table, if any
         self._reader: asyncio.Task[None] | None = None
-        self._pending: dict[int, asyncio.Future[tuple[dict[str, Any], bytes]]] = {}
-        self._processes: dict[int, LocalProcess] = {}
-        self._next_id = 1
-        self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._dead = False
-        self._death_reason = "killed"
-        self._death_kind = "killed"
-        self._ttl_handle: asyncio.TimerHandle | None = None
+        self._template: _Template | None = None
         self._created_at = datetime.now(UTC)
         self._expires_at: datetime | None = None
         self._holds_slot = False
         self._stderr_tail = bytearray()
-        self._tasks: set[asyncio.Future[Any]] = set()
         self._owner_pid = os.getpid()
 
     # -- life cycle ------------------------------------------------------------------------
@@ -238,6 +176,9 @@ class LocalSandbox(AsyncSandbox):
         provider = self._provider
         # Pool keys hold the NetworkConfig: a pooled sandbox is booted with its network.
         network = next((k for k in self._pool_key if isinstance(k, NetworkConfig)), None)
+        snapshot = next((k for k in self._pool_key if isinstance(k, Path)), None)
+        self._template = template
+        self._template_env = template.env
         if network is not None and network.enabled:  # recorded first, so cleanup finds it
             self._record.extra["net"] = _netns.SandboxNet(self.id).record()
         self._record.write(
@@ -291,7 +232,7 @@ class LocalSandbox(AsyncSandbox):
         seccomp_fd = os.memfd_create("rollbox-seccomp", 0)
         os.write(seccomp_fd, provider.seccomp_program)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
-        argv = provider.bwrap_argv(template, disk_mb, self._cgroups["pids"], seccomp_fd)
+        argv = provider.bwrap_argv(template, disk_mb, self._cgroups["pids"], seccomp_fd, snapshot)
         if net_fd >= 0:
             argv.remove("--unshare-net")  # it runs in the sandbox's own netns instead
         procs_paths = [str(p / "cgroup.procs") for p in self._cgroups.values()]
@@ -311,8 +252,10 @@ class LocalSandbox(AsyncSandbox):
                 os.setresgid(_host.SANDBOX_UID, _host.SANDBOX_UID, _host.SANDBOX_UID)
                 os.setresuid(_host.SANDBOX_UID, _host.SANDBOX_UID, _host.SANDBOX_UID)
 
-        try:
-            self._proc = await asyncio.create_subprocess_exec(
+        # A cancel must not land inside asyncio's process set-up, whose own clean-up can wait
+        # forever for the killed child: let the spawn finish, then tear the sandbox down.
+        spawn = asyncio.ensure_future(
+            asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
@@ -323,6 +266,15 @@ class LocalSandbox(AsyncSandbox):
                 env={},
                 limit=1 << 24,
             )
+        )
+        try:
+            try:
+                self._proc = await asyncio.shield(spawn)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    self._proc = await spawn
+                self._destroy_now()
+                raise
         except (OSError, subprocess.SubprocessError) as exc:  # the latter: preexec_fn failed
             self._destroy_now()
             raise SandboxStartError(f"cannot start bwrap: {exc}", sandbox_id=self.id) from exc
@@ -342,7 +294,8 @@ class LocalSandbox(AsyncSandbox):
         )
         # The readers hold the sandbox weakly, so an abandoned sandbox is collected (and killed).
         assert self._proc.stdout is not None and self._proc.stderr is not None
-        self._reader = asyncio.ensure_future(_read_agent(weakref.ref(self), self._proc.stdout))
+        self._writer = self._proc.stdin
+        self._reader = asyncio.ensure_future(read_agent(weakref.ref(self), self._proc.stdout))
         self._background(_read_stderr(self._stderr_tail, self._proc.stderr))
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), _START_TIMEOUT)
@@ -374,22 +327,8 @@ class LocalSandbox(AsyncSandbox):
             pid_start=self._pid_start,
             expires_at=self._expires_at.timestamp() if self._expires_at else None,
             name=spec.name,
-            template=spec.template,
+            template=spec.template if isinstance(spec.template, str) else spec.template.name,
         )
-
-    def _expire(self) -> None:
-        self._death_reason = f"its TTL of {self.spec.ttl_seconds}s ran out"
-        self._death_kind = "ttl"
-        self._background(self.kill())
-
-    def _background(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    @property
-    def alive(self) -> bool:
-        return not self._dead
 
     async def kill(self) -> None:
         if self._dead:
@@ -404,28 +343,9 @@ class LocalSandbox(AsyncSandbox):
                 await asyncio.wait_for(self._proc.wait(), 5)
         if self._reader is not None:
             self._reader.cancel()
-
-    def _mark_dead(self) -> None:
-        self._dead = True
-        if self._ttl_handle is not None:
-            self._ttl_handle.cancel()
-        error = SandboxDeadError(
-            f"sandbox {self.id} is dead: {self._death_reason}",
-            sandbox_id=self.id,
-            reason=self._death_kind,
-        )
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(error)
-        self._pending.clear()
-        for process in self._processes.values():
-            if not process._done.done():
-                process._done.set_exception(error)
-                process._done.exception()  # retrieved: no "never retrieved" warning
-        self._processes.clear()
-        if not self._ready.done():
-            self._ready.set_exception(error)
-            self._ready.exception()
+        snapshot = next((k for k in self._pool_key if isinstance(k, Path)), None)
+        if snapshot is not None and snapshot in self._provider._retired:
+            await self._provider._release_snapshot(snapshot)
 
     def _destroy_now(self) -> None:
         """Synchronous teardown: used by kill, by atexit and by the garbage collector."""
@@ -477,194 +397,52 @@ class LocalSandbox(AsyncSandbox):
                     "the out-of-memory killer ended it: its processes and its files in /work, "
                     "/tmp and /dev/shm (which are RAM) used up Limits.memory_mb"
                 )
+                self._background(self.kill())
             else:
-                self._death_kind = "exited"
-                self._death_reason = (
-                    "its agent exited (TTL, or the sandbox was killed from outside)"
-                )
-            self._background(self.kill())
+                super()._agent_gone()
 
-    def _dispatch(self, header: dict[str, Any], body: bytes) -> None:
-        op = header["op"]
-        if op == "out":
-            process = self._processes.get(header["cid"])
-            if process is not None:
-                process._output(header["s"], body)
-        elif op == "exit":
-            process = self._processes.pop(header["cid"], None)
-            if process is not None and not process._done.done():
-                split = header["n1"]
-                process._done.set_result(
-                    ExecResult(
-                        exit_code=header["code"],
-                        stdout=body[:split].decode(errors="replace"),
-                        stderr=body[split:].decode(errors="replace"),
-                        timed_out=header["timed_out"],
-                        truncated=header["truncated"],
-                        duration_s=header["duration"],
-                    )
-                )
-        elif op == "ready":
-            if not self._ready.done():
-                self._ready.set_result(None)
-        else:
-            future = self._pending.pop(header["rid"], None)
-            if future is not None and not future.done():
-                future.set_result((header, body))
-
-    def _send(self, header: dict[str, Any], body: bytes = b"") -> int:
-        if self._dead:
-            raise SandboxDeadError(
-                f"sandbox {self.id} is dead: {self._death_reason}",
-                sandbox_id=self.id,
-                reason=self._death_kind,
-            )
-        assert self._proc is not None and self._proc.stdin is not None
-        rid = self._next_id
-        self._next_id += 1
-        header["rid"] = rid
-        data = json.dumps(header, separators=(",", ":")).encode()
-        self._proc.stdin.write(_HEADER.pack(len(data), len(body)) + data + body)
-        return rid
-
-    async def _request(
-        self, header: dict[str, Any], body: bytes = b""
-    ) -> tuple[dict[str, Any], bytes]:
-        future: asyncio.Future[tuple[dict[str, Any], bytes]] = (
-            asyncio.get_running_loop().create_future()
-        )
-        rid = self._send(header, body)
-        self._pending[rid] = future
-        assert self._proc is not None and self._proc.stdin is not None
-        with contextlib.suppress(ConnectionError):
-            await self._proc.stdin.drain()
-        reply, data = await future
-        if reply["op"] == "err":
-            self._raise(reply, header)
-        return reply, data
-
-    def _raise(self, reply: dict[str, Any], request: dict[str, Any]) -> None:
-        code, message = reply["code"], reply["msg"]
-        if request["op"] == "exec":
-            raise CommandError(message, sandbox_id=self.id)
-        path = request.get("path", "")
-        reason = _FILE_ERRORS.get(code, message)
-        raise SandboxFileError(f"{request['op']} {path}: {reason}", sandbox_id=self.id)
-
-    # -- primitives ------------------------------------------------------------------------
-
-    async def _spawn(
-        self,
-        command: str,
-        *,
-        cwd: str,
-        env: dict[str, str],
-        stdin: bytes | None,
-        timeout_seconds: float | None,
-        on_stdout: OutputCallback | None,
-        on_stderr: OutputCallback | None,
-    ) -> AsyncProcess:
-        full_env = {
-            "PATH": _DEFAULT_PATH,
-            "HOME": "/work",
-            "USER": "sandbox",
-            "LANG": "C.UTF-8",
-            "TMPDIR": "/tmp",
-            **env,
-        }
-        header = {
-            "op": "exec",
-            "cmd": command,
-            "cwd": cwd,
-            "env": full_env,
-            "timeout": timeout_seconds,
-            "limit": self.spec.limits.output_bytes,
-            "stream": on_stdout is not None or on_stderr is not None,
-            "stdin": stdin is not None,
-        }
-        future: asyncio.Future[tuple[dict[str, Any], bytes]] = (
-            asyncio.get_running_loop().create_future()
-        )
-        rid = self._send(header, stdin or b"")
-        self._pending[rid] = future
-        process = LocalProcess(self, rid, on_stdout, on_stderr)
-        self._processes[rid] = process  # registered before any output can arrive
-        assert self._proc is not None and self._proc.stdin is not None
-        with contextlib.suppress(ConnectionError):
-            await self._proc.stdin.drain()
+    async def _snapshot(self) -> Snapshot:
+        # The agent tars its own /work, /tmp (and, on a root filesystem template, what the
+        # sandbox user owns in the root) from inside the sandbox; the host writes it out safely.
+        snapshot_id, directory = _snapshots.new_directory()
         try:
-            reply, _ = await future
+            with tempfile.SpooledTemporaryFile(max_size=64 << 20) as spool:
+                await self._capture(
+                    ["/work", "/tmp"], spool.write, scan_root=self._template.rootfs is not None
+                )
+                spool.seek(0)
+                size = await asyncio.to_thread(_snapshots.extract, spool, directory)
+            snapshot = Snapshot(
+                id=snapshot_id,
+                provider="local",
+                template=self.spec.template,
+                template_id=self.template_id,
+                source_sandbox=self.id,
+                created_at=datetime.now(UTC),
+                size_bytes=size,
+                ref=str(directory),
+            )
+            _snapshots.publish(snapshot, directory)
         except BaseException:
-            self._processes.pop(rid, None)
+            await asyncio.shield(asyncio.to_thread(_snapshots.remove_directory, directory))
             raise
-        if reply["op"] == "err":
-            self._processes.pop(rid, None)
-            self._raise(reply, header)
-        process.pid = reply["pid"]
-        return process
-
-    async def _kill_all_processes(self) -> None:
-        reply, _ = await self._request({"op": "killall"})
-        if reply["survivors"]:
-            raise CommandError(
-                f"{reply['survivors']} processes survived SIGKILL in {self.id}", sandbox_id=self.id
-            )
-
-    async def _write_file(self, path: str, data: bytes, mode: int) -> None:
-        if len(data) > self.spec.limits.disk_mb * 1024 * 1024:
-            raise SandboxFileError(
-                f"write {path}: {len(data)} bytes is more than Limits.disk_mb", sandbox_id=self.id
-            )
-        await self._request({"op": "write", "path": path, "mode": mode}, data)
-
-    async def _read_file(self, path: str) -> bytes:
-        limit = max(self.spec.limits.disk_mb * 1024 * 1024, 64 * 1024 * 1024)
-        return (await self._request({"op": "read", "path": path, "limit": limit}))[1]
-
-    async def _list_dir(self, path: str) -> list[FileEntry]:
-        reply, _ = await self._request({"op": "list", "path": path})
-        base = path.rstrip("/")
-        return [
-            FileEntry(
-                name=name, path=f"{base}/{name}", type=kind, size=size, mode=mode, mtime=mtime
-            )
-            for name, kind, size, mode, mtime in reply["entries"]
-        ]
-
-    async def _remove(self, path: str, recursive: bool) -> None:
-        await self._request({"op": "remove", "path": path, "recursive": recursive})
+        return snapshot
 
     def info(self) -> SandboxInfo:
         return SandboxInfo(
             id=self.id,
             name=self.spec.name,
             provider="local",
-            template=self.spec.template,
-            template_id=self._provider.template(self.spec.template).identity,
+            template=(
+                self.spec.template
+                if isinstance(self.spec.template, str)
+                else self.spec.template.name
+            ),
+            template_id=self._template.identity if self._template else "",
+            snapshot=self.spec.snapshot.id if self.spec.snapshot else None,
             created_at=self._created_at,
             expires_at=self._expires_at,
         )
-
-
-async def _read_agent(sandbox_ref: weakref.ref[LocalSandbox], stdout: asyncio.StreamReader) -> None:
-    """Dispatch the agent's messages to the sandbox until the agent's pipe closes."""
-    try:
-        while True:
-            hlen, blen = _HEADER.unpack(await stdout.readexactly(_HEADER.size))
-            header = json.loads(await stdout.readexactly(hlen))
-            body = await stdout.readexactly(blen) if blen else b""
-            sandbox = sandbox_ref()
-            if sandbox is None:
-                return
-            sandbox._dispatch(header, body)
-            del sandbox
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass
-    except asyncio.CancelledError:
-        return
-    sandbox = sandbox_ref()
-    if sandbox is not None:
-        sandbox._agent_gone()
 
 
 async def _read_stderr(tail: bytearray, stderr: asyncio.StreamReader) -> None:
@@ -684,11 +462,32 @@ def _expire(sandbox_ref: weakref.ref[LocalSandbox]) -> None:
 class _Template:
     """How a template becomes bwrap arguments."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, built: BuiltTemplate | None = None) -> None:
         self.name = name
-        if name == "python":
+        self.env: dict[str, str] = {}
+        self.layers: list[Path] = []  # the root's read-only layers, lowest first
+        if built is None and name != "python" and not Path(name).is_absolute():
+            built = find_local_template(name)
+            if built is None:
+                raise ConfigError(
+                    f"template {name!r} is neither 'python' nor a built template (see `rollbox "
+                    "template ls`) nor the absolute path of a root filesystem directory"
+                )
+        if built is not None:
+            self.layers = [Path(layer) for layer in built.layers]
+            self.rootfs: Path | None = self.layers[0]
+            missing = [str(layer) for layer in self.layers if not layer.is_dir()]
+            if missing:
+                raise ConfigError(
+                    f"template {name!r} lost its layers {missing}: build it again "
+                    "(`rollbox template build`)"
+                )
+            self.env = dict(built.env)
+            self.python = "/usr/bin/python3"
+            self.identity = built.identity
+        elif name == "python":
             self.python = _host.template_python()
-            self.rootfs: Path | None = None
+            self.rootfs = None
             self.identity = f"python:{os.path.basename(self.python)}@{self._python_version()}"
         else:
             rootfs = Path(name)
@@ -698,6 +497,7 @@ class _Template:
                     "filesystem directory"
                 )
             self.rootfs = rootfs.resolve()
+            self.layers = [self.rootfs]
             python = self.rootfs / "usr/bin/python3"
             if not python.exists() and not python.is_symlink():
                 raise ConfigError(
@@ -726,9 +526,12 @@ class _Template:
             out = ""
         return out or "unknown"
 
-    def root_args(self, etc_dir: Path) -> list[str]:
+    def root_args(self, etc_dir: Path, snapshot: Path | None = None) -> list[str]:
         if self.rootfs is not None:
-            return ["--overlay-src", str(self.rootfs), "--tmp-overlay", "/"]
+            args = [arg for layer in self.layers for arg in ("--overlay-src", str(layer))]
+            if snapshot is not None:  # the root files the snapshotted sandbox owned, on top
+                args += ["--overlay-src", str(snapshot / "root")]
+            return [*args, "--tmp-overlay", "/"]
         args = ["--ro-bind", "/usr", "/usr"]
         for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             host = Path("/") / name
@@ -809,6 +612,7 @@ class LocalProvider(Provider):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pools: dict[tuple[Any, ...], deque[LocalSandbox]] = {}
         self._refills: set[asyncio.Task[None]] = set()
+        self._retired: dict[Path, Path] = {}  # deleted snapshots still stacked by live forks
         self._closed = False
         self.reaped_at_start = self.cleanup()  # what crashed processes left behind
         _install_exit_hook()
@@ -850,28 +654,53 @@ class LocalProvider(Provider):
             template = self._templates[name] = _Template(name)
         return template
 
+    async def _template_for(self, spec: SandboxSpec) -> _Template:
+        """The template of a spec; a Template definition is built (once) first."""
+        if isinstance(spec.template, str):
+            return self.template(spec.template)
+        key = spec.template.model_dump_json(by_alias=True)
+        template = self._templates.get(key)
+        if template is None:
+            built = await asyncio.to_thread(build_local, spec.template)
+            template = self._templates[key] = _Template(spec.template.name, built)
+        return template
+
     def bwrap_argv(
-        self, template: _Template, disk_mb: int, pids_cgroup: Path, seccomp_fd: int
+        self,
+        template: _Template,
+        disk_mb: int,
+        pids_cgroup: Path,
+        seccomp_fd: int,
+        snapshot: Path | None = None,
     ) -> list[str]:
         size = str(disk_mb * 1024 * 1024)
+        if snapshot is None:
+            writable = [
+                "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+                "--perms", "0755", "--size", size, "--tmpfs", "/work",
+            ]  # fmt: skip
+        else:  # the snapshot's files under a writable layer (bounded by the memory cgroup)
+            writable = [
+                "--overlay-src", str(snapshot / "tmp"), "--tmp-overlay", "/tmp",
+                "--overlay-src", str(snapshot / "work"), "--tmp-overlay", "/work",
+            ]  # fmt: skip
         return [
             self.bwrap,
             "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup", "--unshare-net",
             "--disable-userns", "--cap-drop", "ALL", "--as-pid-1", "--die-with-parent",
             "--new-session", "--clearenv", "--hostname", "sandbox",
-            *template.root_args(self._etc_dir),
+            *template.root_args(self._etc_dir, snapshot),
             "--proc", "/proc", "--dev", "/dev",
             "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
             "--remount-ro", "/dev",  # its tmpfs is writable and unbounded otherwise
-            "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
-            "--perms", "0755", "--size", size, "--tmpfs", "/work",
+            *writable,
             "--bind", str(pids_cgroup), _CGROUP_IN_SANDBOX,
             "--ro-bind", str(self._agent_path), _AGENT_IN_SANDBOX,
             # the python template's root is bwrap's tmpfs: read-only. A root filesystem
             # template's root is its own writable overlay (bounded by the memory cgroup).
             *(["--remount-ro", "/"] if template.rootfs is None else []),
-            "--chdir", "/work", "--setenv", "PATH", _DEFAULT_PATH, "--setenv", "HOME", "/work",
+            "--chdir", "/work", "--setenv", "PATH", DEFAULT_PATH, "--setenv", "HOME", "/work",
             "--seccomp", str(seccomp_fd),
             "--", template.python, "-I", "-S", _AGENT_IN_SANDBOX, _CGROUP_IN_SANDBOX,
         ]  # fmt: skip
@@ -923,9 +752,16 @@ class LocalProvider(Provider):
             raise SandboxStartError("this LocalProvider is closed")
         if spec.network.enabled:
             _netns.require(spec.network)  # root, ip and nft, a free address range
-        template = self.template(spec.template)
-        key = (spec.template, spec.network, spec.limits.disk_mb)
+        template = await self._template_for(spec)
+        snapshot = None
+        if spec.snapshot is not None:
+            snapshot = Path(spec.snapshot.ref)
+            if not (snapshot / "work").is_dir():
+                raise SandboxStartError(f"snapshot {spec.snapshot.id} was deleted")
+        # Pool keys hold what _boot needs: the network, and a snapshot directory.
+        key = (template.identity, spec.network, spec.limits.disk_mb, snapshot)
         await self._take_slot(wait_for_slot, slot_timeout_seconds)
+        sandbox: LocalSandbox | None = None
         try:
             sandbox = self._take_pooled(key)
             if sandbox is None:
@@ -933,8 +769,10 @@ class LocalProvider(Provider):
                 self._register(sandbox)
                 await sandbox._boot(template, spec.limits.disk_mb)
             await sandbox._activate(spec)
-        except BaseException:
-            self._slots_used -= 1
+        except BaseException:  # cancelled (Ctrl-C, a client that left) or failed: leave nothing
+            if sandbox is not None and sandbox.alive:
+                sandbox._destroy_now()
+            self._release_slot()
             raise
         sandbox._holds_slot = True
         self._schedule_refill(key, template, spec.limits.disk_mb)
@@ -995,6 +833,26 @@ class LocalProvider(Provider):
             )
         return sandbox
 
+    async def delete_snapshot(self, snapshot: Snapshot) -> None:
+        if snapshot.provider != "local":
+            raise ConfigError(f"snapshot {snapshot.id} belongs to the {snapshot.provider} provider")
+        directory = Path(snapshot.ref)
+        trash = await asyncio.to_thread(_snapshots.retire, snapshot)
+        if trash is None:
+            return
+        for key in [key for key in self._pools if directory in key]:
+            await asyncio.gather(*(s.kill() for s in self._pools.pop(key)))
+        self._retired[directory] = trash
+        await self._release_snapshot(directory)
+
+    async def _release_snapshot(self, directory: Path) -> None:
+        """Remove a deleted snapshot's files once no sandbox of this provider stacks them."""
+        trash = self._retired.get(directory)
+        users = [s for s in self._live_here.values() if s.alive and directory in s._pool_key]
+        if trash is not None and not users:
+            del self._retired[directory]
+            await asyncio.to_thread(_snapshots.remove_directory, trash)
+
     async def close(self) -> None:
         self._closed = True
         refills = list(self._refills)
@@ -1005,6 +863,9 @@ class LocalProvider(Provider):
         await asyncio.gather(*(s.kill() for s in sandboxes), return_exceptions=True)
         self._live_here.clear()
         self._pools.clear()
+        for trash in self._retired.values():
+            await asyncio.to_thread(_snapshots.remove_directory, trash)
+        self._retired.clear()
         _netns.release_host_if_idle()
 
     def cleanup(self) -> int:
@@ -1042,6 +903,7 @@ class LocalProvider(Provider):
                     reaped += 1
         # Network namespaces, veths, nft tables and leases whose record is gone.
         reaped += _netns.reap()
+        reaped += _snapshots.reap()
         _netns.release_host_if_idle()
         return reaped
 

@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rollbox.sandbox.templates import Template
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -74,11 +76,30 @@ def parse_network_rule(
     return network, port
 
 
+class Snapshot(_Model):
+    """The filesystem state of a sandbox, captured by ``sandbox.snapshot()``.
+
+    ``AsyncSandbox.create(from_snapshot=snap)`` starts any number of sandboxes from it. It lives
+    until ``delete_snapshot``, or until the process that made it exits (a crashed one's are
+    removed by ``rollbox cleanup`` and when a provider starts).
+    """
+
+    id: str
+    provider: str
+    template: str | Template = Field(description="the template of the sandbox it was taken of")
+    template_id: str
+    source_sandbox: str
+    created_at: datetime
+    size_bytes: int = Field(description="bytes of file data it holds")
+    ref: str = Field(description="where the provider keeps it: a directory, an image id")
+
+
 class SandboxSpec(_Model):
     """Everything that defines a sandbox to create."""
 
     name: str | None = Field(None, max_length=128)
-    template: str = "python"
+    template: str | Template = "python"
+    snapshot: Snapshot | None = None
     network: NetworkConfig = NetworkConfig()
     limits: Limits = Limits()
     env_vars: dict[str, str] = Field(default_factory=dict)
@@ -131,3 +152,4 @@ class SandboxInfo(_Model):
     template_id: str
     created_at: datetime
     expires_at: datetime | None
+    snapshot: str | None = Field(None, description="the id of the snapshot it started from")

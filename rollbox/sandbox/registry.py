@@ -13,6 +13,8 @@ from rollbox.sandbox.base import Provider
 # name -> ("module:Class", the pip extra that brings its dependencies)
 _BUILTIN: dict[str, tuple[str, str | None]] = {
     "local": ("rollbox.sandbox.local:LocalProvider", None),
+    "docker": ("rollbox.sandbox.docker:DockerProvider", "docker"),
+    "remote": ("rollbox.sandbox.remote:RemoteProvider", None),  # httpx only; the server: [server]
 }
 
 # One default instance per provider name and event loop: providers hold loop-bound state.

@@ -10,7 +10,15 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from rollbox.sandbox.base import AsyncProcess, AsyncSandbox, OutputCallback, Provider
-from rollbox.sandbox.models import ExecResult, FileEntry, Limits, NetworkConfig, SandboxInfo
+from rollbox.sandbox.models import (
+    ExecResult,
+    FileEntry,
+    Limits,
+    NetworkConfig,
+    SandboxInfo,
+    Snapshot,
+)
+from rollbox.sandbox.templates import Template
 
 T = TypeVar("T")
 
@@ -199,7 +207,8 @@ class Sandbox:
         cls,
         name: str | None = None,
         *,
-        from_template: str = "python",
+        from_template: str | Template = "python",
+        from_snapshot: Snapshot | None = None,
         network: NetworkConfig | None = None,
         limits: Limits | None = None,
         env_vars: dict[str, str] | None = None,
@@ -214,6 +223,7 @@ class Sandbox:
                 AsyncSandbox.create(
                     name,
                     from_template=from_template,
+                    from_snapshot=from_snapshot,
                     network=network,
                     limits=limits,
                     env_vars=env_vars,
@@ -239,6 +249,15 @@ class Sandbox:
 
     def info(self) -> SandboxInfo:
         return self.async_sandbox.info()
+
+    def snapshot(self) -> Snapshot:
+        """Capture the sandbox's files (see ``AsyncSandbox.snapshot``)."""
+        return run_sync(self.async_sandbox.snapshot())
+
+    @staticmethod
+    def delete_snapshot(snapshot: Snapshot, *, provider: str | Provider | None = None) -> None:
+        """Delete a snapshot (see ``AsyncSandbox.delete_snapshot``)."""
+        run_sync(AsyncSandbox.delete_snapshot(snapshot, provider=provider))
 
     def kill(self) -> None:
         """Kill the sandbox. Idempotent."""

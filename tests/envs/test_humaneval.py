@@ -47,6 +47,28 @@ def test_seeded_resets_pick_problems_reproducibly() -> None:
         ("import os\nos._exit(0)\n", 0.0),  # exits 0 before the tests run
         ("import sys\nsys.exit(0)\n", 0.0),
         ("def wrong(*a):\n    return None\n", 0.0),
+        # forgeries: read a nonce from the caller's frame, an object equal to everything
+        (
+            "import sys, os\n"
+            "def truncate_number(n):\n"
+            "    frame = sys._getframe(1)\n"
+            "    while frame:\n"
+            "        for value in frame.f_globals.values():\n"
+            "            if isinstance(value, str) and len(value) >= 16: print(value)\n"
+            "        frame = frame.f_back\n"
+            "    os._exit(0)\n",
+            0.0,
+        ),
+        (
+            "class Any(float):\n"
+            "    def __eq__(self, other): return True\n"
+            "    def __ne__(self, other): return False\n"
+            "    def __sub__(self, other): return Any(0)\n"
+            "    def __abs__(self): return 0.0\n"
+            "def truncate_number(n):\n"
+            "    return Any(0.5)\n",
+            0.0,
+        ),
     ],
 )
 def test_the_hidden_tests_score_the_solution(content: str | None, reward: float) -> None:

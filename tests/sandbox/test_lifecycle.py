@@ -135,3 +135,21 @@ def test_kill_9_of_the_owner_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
     assert LocalProvider().reaped_at_start >= 1
     assert_no_leftovers({sandbox_id})
     subprocess.run(["rm", "-rf", str(state)], check=True)
+
+
+async def test_cancelled_create_leaves_nothing(provider: LocalProvider) -> None:
+    records = LocalProvider.state_path()
+    before = {p.name for p in records.glob("*.json")}
+    for delay in (0, 0.001, 0.003, 0.006, 0.01, 0.02, 0.05):
+        task = asyncio.ensure_future(AsyncSandbox.create(provider=provider))
+        await asyncio.sleep(delay)
+        task.cancel()
+        try:
+            sandbox = await task
+        except asyncio.CancelledError:
+            continue
+        await sandbox.kill()  # it was ready before the cancel landed
+    new = {p.name for p in records.glob("*.json")} - before
+    assert not new, f"cancelled creates left records: {new}"
+    assert_no_leftovers({name.removesuffix(".json") for name in new})
+    assert not [s for s in provider._live_here.values() if s.alive]
