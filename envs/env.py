@@ -27,7 +27,7 @@ from rollbox.envs.actions import Bash, InvalidAction, ReadFile, Submit, WriteFil
 from rollbox.envs.task import Task, load_tasks, task_by_id
 from rollbox.envs.text import PrintableText, clip, format_exec, sanitize
 from rollbox.envs.verify import verify
-from rollbox.errors import CommandError, ConfigError, RollboxError, SandboxFileError
+from rollbox.errors import CommandError, ConfigError, SandboxFileError, TaskSetupError
 from rollbox.sandbox.base import AsyncSandbox, Provider, sandbox_path
 from rollbox.sandbox.models import ExecResult
 from rollbox.sandbox.sync import run_sync
@@ -43,21 +43,6 @@ _READ_LIMIT_BYTES = 1_000_000
 
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 T = TypeVar("T")
-
-
-class TaskSetupError(RollboxError):
-    """A task's files could not be placed or a setup command failed: the task is broken.
-
-    This is never an episode (nor a reward): fix the task. ``output`` holds what setup printed.
-    """
-
-    def __init__(
-        self, message: str, *, task_id: str, sandbox_id: str | None = None, output: str = ""
-    ) -> None:
-        super().__init__(message)
-        self.task_id = task_id
-        self.sandbox_id = sandbox_id
-        self.output = output
 
 
 _REASONS = {

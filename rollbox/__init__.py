@@ -9,6 +9,7 @@ from rollbox.errors import (
     SandboxError,
     SandboxFileError,
     SandboxStartError,
+    TaskSetupError,
     TemplateBuildError,
     TooManySandboxesError,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "SandboxStartError",
     "Snapshot",
     "SyncProcess",
+    "TaskSetupError",
     "Template",
     "TemplateBuildError",
     "TooManySandboxesError",

@@ -3,13 +3,15 @@
     RollboxError
     ├── ConfigError                 a bad argument or input file; the message names the field
     ├── BackendUnavailableError     the machine lacks something a backend needs (bwrap, cgroups, ...)
-    │   └── ProviderNotFoundError   an unknown provider name, or its extra is not installed
+    │   ├── ProviderNotFoundError   an unknown provider name, or its extra is not installed
+    │   └── DockerEngineError       the Docker Engine refused a request or cannot be reached
     ├── SandboxError                something went wrong with one sandbox
     │   ├── SandboxStartError       it could not start
-    │   ├── SandboxDeadError        it died or was killed (TTL, kill, OOM of its agent)
+    │   ├── SandboxDeadError        it died or was killed (.reason: killed, ttl, oom, exited)
     │   ├── SandboxFileError        a file operation failed (missing file, not a directory, ...)
-    │   └── TooManySandboxesError   the provider's cap on live sandboxes was reached
-    ├── CommandError                a command could not be started (not: it exited non-zero)
+    │   ├── TooManySandboxesError   the provider's cap on live sandboxes was reached
+    │   └── CommandError            a command could not be started (not: it exited non-zero)
+    ├── TaskSetupError              a task's files or setup failed: the task is broken, not the agent
     └── TemplateBuildError          a template step failed; the message names it, with its output
 
 A command that exits non-zero is a result, never an exception.
@@ -75,3 +77,18 @@ class CommandError(SandboxError):
 
 class TemplateBuildError(RollboxError):
     """A template could not be built: the message names the failed step and shows its output."""
+
+
+class TaskSetupError(RollboxError):
+    """A task's files could not be placed or a setup command failed: the task is broken.
+
+    This is never an episode (nor a reward): fix the task. ``output`` holds what setup printed.
+    """
+
+    def __init__(
+        self, message: str, *, task_id: str, sandbox_id: str | None = None, output: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.sandbox_id = sandbox_id
+        self.output = output
