@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from rollbox.errors import CommandError, SandboxDeadError, SandboxFileError
+from rollbox.errors import CommandError, ConfigError, SandboxDeadError, SandboxFileError
 from rollbox.sandbox.base import AsyncProcess, AsyncSandbox, OutputCallback
 from rollbox.sandbox.models import ExecResult, FileEntry, SandboxSpec
 
@@ -95,13 +95,26 @@ class AgentSandbox(AsyncSandbox):
         self._streams: dict[int, Callable[[bytes], None]] = {}
         self._processes: dict[int, AgentProcess] = {}
         self._next_id = 1
-        self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self._ready: asyncio.Future[None] = self._loop.create_future()
         self._dead = False
         self._death_reason = "killed"
         self._death_kind = "killed"
         self._ttl_handle: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._template_env: dict[str, str] = {}  # the environment its template sets
+
+    def _check_loop(self) -> None:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not self._loop:
+            raise ConfigError(
+                f"sandbox {self.id} belongs to the event loop that created it and was used from "
+                "another; keep one loop (a server's per-request loops will not do), or use the "
+                "sync API (rollbox.Sandbox), which runs every sandbox on one shared loop"
+            )
 
     def _expire(self) -> None:
         self._death_reason = f"its TTL of {self.spec.ttl_seconds}s ran out"
@@ -188,6 +201,7 @@ class AgentSandbox(AsyncSandbox):
     def _send(self, header: dict[str, Any], body: bytes = b"") -> int:
         if self._dead:
             raise self._dead_error()
+        self._check_loop()
         assert self._writer is not None
         rid = self._next_id
         self._next_id += 1

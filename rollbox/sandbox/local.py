@@ -333,6 +333,7 @@ class LocalSandbox(AgentSandbox):
     async def kill(self) -> None:
         if self._dead:
             return
+        self._check_loop()
         self._mark_dead()
         if self._net is not None and os.getpid() == self._owner_pid:
             # the kernel takes ~40 ms to remove a network: not on the loop

@@ -85,3 +85,20 @@ async def test_default_provider_is_local() -> None:
     async with await AsyncSandbox.create(name="default") as sb:
         assert type(sb).provider_name == "local"
         assert sb.info().name == "default"
+
+
+def test_a_sandbox_used_from_another_loop_is_a_clear_error() -> None:
+    import asyncio
+
+    async def make() -> AsyncSandbox:
+        return await AsyncSandbox.create(provider=LocalProvider())
+
+    loop = asyncio.new_event_loop()
+    sandbox = loop.run_until_complete(make())
+    try:
+        with pytest.raises(ConfigError, match="event loop"):
+            asyncio.run(sandbox.commands.run("true"))
+    finally:
+        loop.run_until_complete(sandbox.kill())
+        loop.close()
+    assert not sandbox.alive
