@@ -24,6 +24,21 @@ class RewardResult(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
+    def failure(cls, reason: str, name: str | None = None, **details: Any) -> RewardResult:
+        """0.0 for a failure of the model's output, with the reason kept for people."""
+        return cls(
+            score=0.0,
+            components={name: 0.0} if name else {},
+            details={"error": reason, **details},
+        )
+
+    @property
+    def error(self) -> str | None:
+        """Why the output failed, when the scorer said so."""
+        error = self.details.get("error")
+        return error if isinstance(error, str) else None
+
+    @classmethod
     def coerce(cls, value: object, *, name: str = "reward") -> RewardResult:
         """Turn what a reward function returned into a RewardResult.
 

@@ -38,6 +38,7 @@ except ImportError:  # not CPython
     quote = make_scanner = None
 
 HEADER = struct.Struct(">II")
+OOM_SCORE_FD = -1  # /proc/self/oom_score_adj, opened in main()
 CHUNK = 65536
 RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT)
 AFTER_EXIT_GRACE = 0.05  # seconds to wait for a finished command's pipes to reach EOF
@@ -128,11 +129,11 @@ class Command:
 
 
 class Agent:
-    def __init__(self, rfd, wfd, cgroup_root, libc=None):
+    def __init__(self, rfd, wfd, cgroup_root, prctl=None):
         self.rfd = rfd
         self.wfd = wfd
         self.cgroup_root = cgroup_root
-        self.libc = libc  # set where commands run under a subreaper (no cgroup)
+        self.prctl = prctl  # set where commands run under a subreaper (no cgroup)
         self.inbuf = bytearray()
         self.commands = {}  # cid -> Command
         self.by_pid = {}  # pid -> Command
@@ -456,7 +457,7 @@ class Agent:
             self.set_oom_score(b"1000")
             if command.cgroup:
                 self.join_cgroup(command.cgroup)
-            if self.libc is not None and not command.cgroup:
+            if self.prctl is not None and not command.cgroup:
                 pid = self.spawn_under_reaper(req["cmd"], req["env"], in_r, out_w, err_w)
                 command.reaper = True
             else:
@@ -605,16 +606,11 @@ class Agent:
         del self.commands[command.cid]
 
     def set_oom_score(self, value):
-        try:
-            fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-        except OSError:
-            return
-        try:
-            os.write(fd, value)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        if OOM_SCORE_FD >= 0:
+            try:
+                os.write(OOM_SCORE_FD, value)
+            except OSError:
+                pass
 
     def join_cgroup(self, cgroup):
         fd = os.open(cgroup + "/cgroup.procs", os.O_WRONLY)
@@ -633,7 +629,7 @@ class Agent:
             for signum in RESET_SIGNALS:
                 signal.signal(signum, signal.SIG_DFL)
             os.setsid()
-            self.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            self.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
             os.dup2(in_r, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
@@ -854,13 +850,21 @@ class SizedReader:
         return data
 
 
-def reaper_libc():
-    """libc for prctl, where commands run under subreapers (no cgroup to kill them by)."""
-    import ctypes
+def load_prctl():
+    """prctl(2) through _ctypes alone: the ctypes package would cost ~3 ms of every start."""
+    import _ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # sandboxed code (same uid) cannot ptrace us
-    return libc
+    class Int(_ctypes._SimpleCData):
+        _type_ = "i"
+
+    class Function(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = Int
+
+    class Libc:
+        _handle = _ctypes.dlopen(None)
+
+    return Function(("prctl", Libc()))
 
 
 def main():
@@ -873,8 +877,19 @@ def main():
     os.dup2(null, 1)
     os.close(null)
     cgroup_root = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "-" else None
-    libc = reaper_libc() if cgroup_root is None else None
-    Agent(rfd, wfd, cgroup_root, libc).serve()
+    global OOM_SCORE_FD
+    # Opened while still dumpable: afterwards /proc/self belongs to root, and the agent must
+    # still set each command's OOM score.
+    try:
+        OOM_SCORE_FD = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        OOM_SCORE_FD = -1
+    prctl = load_prctl()
+    # Not dumpable: sandboxed code runs as our uid, and would otherwise read our memory (the
+    # hidden tests and nonces that pass through it) or write to our fds via /proc/1.
+    if prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        os._exit(70)
+    Agent(rfd, wfd, cgroup_root, prctl if cgroup_root is None else None).serve()
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ os.waitpid(sleeper, 0)
 out["mount tmpfs"] = call("mount", ctypes.addressof(ctypes.create_string_buffer(b"none")),
                           ctypes.addressof(ctypes.create_string_buffer(b"/work")),
                           ctypes.addressof(ctypes.create_string_buffer(b"tmpfs")), 0, 0)
-out["setns"] = call("setns", os.open("/proc/1/ns/mnt", os.O_RDONLY), 0)
+out["setns"] = call("setns", os.open("/proc/self/ns/mnt", os.O_RDONLY), 0)
 for name in ["keyctl", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup",
              "open_by_handle_at", "kexec_load", "init_module", "fsopen", "pivot_root"]:
     out[name] = call(name, 0, 0, 0, 0, 0)
@@ -192,3 +192,22 @@ async def test_delegated_cgroup_cannot_raise_its_limits(provider: object) -> Non
     assert int(bounded.stdout.split()[0]) < PIDS, bounded
     await sb.kill()
     assert_no_leftovers({sb.id})  # the nested cgroups a/b/c are removed with the sandbox
+
+
+async def test_the_agent_pid_1_cannot_be_read_or_written_through_proc(provider: object) -> None:
+    """The agent holds hidden tests and nonces in memory while it passes them on, and the pipes
+    of every command: code running as the same uid must not read /proc/1/mem or write to
+    /proc/1/fd/*. The agent is not dumpable, so /proc/1 is root's."""
+    sb = await new_sandbox(provider)
+    probe = await sh(
+        sb,
+        "head -c 16 /proc/1/mem >/dev/null 2>&1 && echo mem-readable; "
+        "cat /proc/1/environ >/dev/null 2>&1 && echo environ-readable; "
+        "for fd in 0 1 2 3 4 5 6 7 8; do "
+        "  (echo FORGED > /proc/1/fd/$fd) 2>/dev/null && echo fd-$fd-writable; done; "
+        "ls /proc/1/fd >/dev/null 2>&1 && echo fds-listable; echo probed",
+    )
+    assert probe.stdout == "probed\n", probe.stdout
+    await assert_answers(sb, "the probed sandbox")
+    await sb.kill()
+    assert_no_leftovers({sb.id})
