@@ -30,6 +30,7 @@ FEATURES = [
     "netns",
     "ip",
     "nft",
+    "fast cgroup moves",
     "end-to-end",
 ]
 

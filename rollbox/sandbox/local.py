@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import hashlib
 import json
 import os
 import resource
@@ -603,7 +604,9 @@ class LocalProvider(Provider):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state_dir.parent, 0o755)  # bwrap, as the sandbox user, binds files from it
         self._etc_dir = self._write_etc()
-        self._agent_path = self._write_shared("agent.py", _AGENT_SOURCE)
+        # named by its content: processes running different rollbox versions share the directory
+        digest = hashlib.sha256(_AGENT_SOURCE).hexdigest()[:12]
+        self._agent_path = self._write_shared(f"agent-{digest}.py", _AGENT_SOURCE)
         self._templates: dict[str, _Template] = {}
         self._live_here: weakref.WeakValueDictionary[str, LocalSandbox] = (
             weakref.WeakValueDictionary()

@@ -105,7 +105,7 @@ async def test_host_environment_does_not_leak(
 async def test_root_filesystem_and_shared_files_are_read_only(provider: object) -> None:
     """Writes anywhere but /work and /tmp fail, the files shared by every sandbox (the agent,
     /etc/passwd) above all; the host copies stay as they were."""
-    agent_on_host = _host.state_dir() / "agent.py"
+    agent_on_host = provider._agent_path  # type: ignore[attr-defined]
     passwd_on_host = _host.state_dir() / "etc" / "passwd"
     shared_before = sha256(agent_on_host), sha256(passwd_on_host), sha256("/etc/passwd")
     marker = f"rollbox-pwned-{secrets.token_hex(4)}"
