@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import posixpath
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
 
-from rollbox.errors import BackendUnavailableError, CommandError, ConfigError, SandboxFileError
+from rollbox.errors import (
+    BackendUnavailableError,
+    CommandError,
+    ConfigError,
+    SandboxFileError,
+    TooManySandboxesError,
+)
 from rollbox.sandbox.models import (
     ExecResult,
     FileEntry,
@@ -412,6 +420,53 @@ class AsyncFiles:
                     host_path.write_bytes(await self._sandbox._read_file(entry.path))
                     count += 1
         return count
+
+
+class SandboxSlots:
+    """A cap on live sandboxes; ``take`` waits (or not) for a free one."""
+
+    def __init__(self, limit: int, owner: str) -> None:
+        self.limit = limit
+        self.owner = owner  # the provider class, named in the error
+        self.used = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def take(self, wait: bool, timeout: float) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.used >= self.limit:
+            if not wait:
+                raise TooManySandboxesError(
+                    f"{self.limit} sandboxes are live ({self.owner}(max_sandboxes=...)); "
+                    "kill some, or create with wait_for_slot=True"
+                )
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise TooManySandboxesError(
+                    f"no sandbox slot freed within {timeout}s ({self.limit} live)"
+                ) from None
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+        self.used += 1
+
+    def release(self) -> None:
+        """Free a slot; callable from any thread (the garbage collector's included)."""
+        self.used -= 1
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake_one)
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
 
 class Provider(ABC):

@@ -44,7 +44,6 @@ import tarfile
 import tempfile
 import time
 import weakref
-from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -60,11 +59,10 @@ from rollbox.errors import (
     SandboxDeadError,
     SandboxStartError,
     TemplateBuildError,
-    TooManySandboxesError,
 )
 from rollbox.sandbox import _host
 from rollbox.sandbox._agent_client import AgentSandbox, read_agent
-from rollbox.sandbox.base import Provider
+from rollbox.sandbox.base import Provider, SandboxSlots
 from rollbox.sandbox.models import SandboxInfo, SandboxSpec, Snapshot
 from rollbox.sandbox.templates import (
     BuildLog,
@@ -556,52 +554,6 @@ def _expire(sandbox_ref: weakref.ref[DockerSandbox]) -> None:
         sandbox._expire()
 
 
-class _Slots:
-    """A cap on live sandboxes; ``take`` waits (or not) for a free one."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def take(self, wait: bool, timeout: float) -> None:
-        loop = self._loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.used >= self.limit:
-            if not wait:
-                raise TooManySandboxesError(
-                    f"{self.limit} sandboxes are live (DockerProvider(max_sandboxes=...)); "
-                    "kill some, or create with wait_for_slot=True"
-                )
-            waiter = loop.create_future()
-            self._waiters.append(waiter)
-            try:
-                await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                raise TooManySandboxesError(
-                    f"no sandbox slot freed within {timeout}s ({self.limit} live)"
-                ) from None
-            finally:
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(waiter)
-        self.used += 1
-
-    def release(self) -> None:
-        """Free a slot; callable from any thread (the garbage collector's included)."""
-        self.used -= 1
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._wake_one)
-
-    def _wake_one(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-
 class DockerProvider(Provider):
     """Sandboxes as Docker containers on a Docker Engine.
 
@@ -634,7 +586,7 @@ class DockerProvider(Provider):
         self.engine_version = self.client.sync_call("GET", "/version").json().get("Version", "?")
         self.owner = _owner()
         self._pid = os.getpid()
-        self._slots = _Slots(max_sandboxes)
+        self._slots = SandboxSlots(max_sandboxes, "DockerProvider")
         self._images: dict[str, _Image] = {}
         self._image_locks: dict[str, asyncio.Lock] = {}
         self._live_here: weakref.WeakValueDictionary[str, DockerSandbox] = (

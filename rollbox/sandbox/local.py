@@ -37,11 +37,10 @@ from rollbox.errors import (
     SandboxDeadError,
     SandboxError,
     SandboxStartError,
-    TooManySandboxesError,
 )
 from rollbox.sandbox import _host, _netns, _seccomp, _snapshots
 from rollbox.sandbox._agent_client import DEFAULT_PATH, AgentSandbox, read_agent
-from rollbox.sandbox.base import Provider
+from rollbox.sandbox.base import Provider, SandboxSlots
 from rollbox.sandbox.models import NetworkConfig, SandboxInfo, SandboxSpec, Snapshot
 from rollbox.sandbox.templates import BuiltTemplate, build_local, find_local_template
 
@@ -360,7 +359,7 @@ class LocalSandbox(AgentSandbox):
             self._record.remove()
         if self._holds_slot:
             self._holds_slot = False
-            self._provider._release_slot()
+            self._provider._slots.release()
 
     def _destroy_network(self) -> bool:
         """Remove the sandbox's netns, veth and nft table (after its processes); True when gone."""
@@ -611,9 +610,7 @@ class LocalProvider(Provider):
         self._live_here: weakref.WeakValueDictionary[str, LocalSandbox] = (
             weakref.WeakValueDictionary()
         )
-        self._slots_used = 0
-        self._slot_waiters: deque[asyncio.Future[None]] = deque()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots = SandboxSlots(max_sandboxes, "LocalProvider")
         self._pools: dict[tuple[Any, ...], deque[LocalSandbox]] = {}
         self._refills: set[asyncio.Task[None]] = set()
         self._retired: dict[Path, Path] = {}  # deleted snapshots still stacked by live forks
@@ -711,42 +708,6 @@ class LocalProvider(Provider):
 
     # -- slots -----------------------------------------------------------------------------
 
-    async def _take_slot(self, wait: bool, timeout: float) -> None:
-        loop = self._loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self._slots_used >= self.max_sandboxes:
-            if not wait:
-                raise TooManySandboxesError(
-                    f"{self.max_sandboxes} sandboxes are live (LocalProvider(max_sandboxes=...)); "
-                    "kill some, or create with wait_for_slot=True"
-                )
-            waiter = loop.create_future()
-            self._slot_waiters.append(waiter)
-            try:
-                await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                raise TooManySandboxesError(
-                    f"no sandbox slot freed within {timeout}s ({self.max_sandboxes} live)"
-                ) from None
-            finally:
-                with contextlib.suppress(ValueError):
-                    self._slot_waiters.remove(waiter)
-        self._slots_used += 1
-
-    def _release_slot(self) -> None:
-        """Free a slot; callable from any thread (the garbage collector's included)."""
-        self._slots_used -= 1
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._wake_one_waiter)
-
-    def _wake_one_waiter(self) -> None:
-        while self._slot_waiters:
-            waiter = self._slot_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
     # -- create ----------------------------------------------------------------------------
 
     async def create(
@@ -764,7 +725,7 @@ class LocalProvider(Provider):
                 raise SandboxStartError(f"snapshot {spec.snapshot.id} was deleted")
         # Pool keys hold what _boot needs: the network, and a snapshot directory.
         key = (template.identity, spec.network, spec.limits.disk_mb, snapshot)
-        await self._take_slot(wait_for_slot, slot_timeout_seconds)
+        await self._slots.take(wait_for_slot, slot_timeout_seconds)
         sandbox: LocalSandbox | None = None
         try:
             sandbox = self._take_pooled(key)
@@ -776,7 +737,7 @@ class LocalProvider(Provider):
         except BaseException:  # cancelled (Ctrl-C, a client that left) or failed: leave nothing
             if sandbox is not None and sandbox.alive:
                 sandbox._destroy_now()
-            self._release_slot()
+            self._slots.release()
             raise
         sandbox._holds_slot = True
         self._schedule_refill(key, template, spec.limits.disk_mb)
