@@ -68,7 +68,14 @@ async def run_tests(sandbox: AsyncSandbox, verifier: TestsVerifier) -> RewardRes
         result = await sandbox.commands.run(
             verifier.command,
             cwd=verifier.cwd or directory,
-            env={"TESTS_DIR": directory, **verifier.env},
+            # A HOME of the verifier's own: the agent's (/work) may hold a planted
+            # ~/.local/.../usercustomize.py, .bashrc or pip config that would run in the tests.
+            env={
+                "TESTS_DIR": directory,
+                "HOME": directory,
+                "PYTHONNOUSERSITE": "1",
+                **verifier.env,
+            },
             timeout_seconds=verifier.timeout_seconds,
             stdin=f"{nonce}\n" if nonce else None,
         )

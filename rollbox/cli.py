@@ -12,7 +12,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rollbox import __version__
 from rollbox.errors import ConfigError, RollboxError
@@ -426,6 +426,26 @@ def _write_json(path: object, data: object) -> None:
     temporary.replace(target)
 
 
+def _run_provider(args: argparse.Namespace) -> object:
+    """What `rollbox run` runs on: a provider name, or a RayProvider for --provider ray."""
+    if args.address is not None and args.provider != "ray":
+        raise ConfigError("--address is a Ray cluster's address: use it with --provider ray")
+    if args.provider != "ray":
+        return args.provider
+    from rollbox.sandbox.registry import provider_class
+
+    return provider_class("ray")(address=args.address)  # type: ignore[call-arg]
+
+
+async def _closing(provider: object, work: Any) -> Any:
+    """Await ``work``, then close ``provider`` if this command made it (its hosts, for ray)."""
+    try:
+        return await work
+    finally:
+        if not isinstance(provider, str):
+            await provider.close()  # type: ignore[attr-defined]
+
+
 def _run(args: argparse.Namespace) -> int:
     import platform
     from datetime import UTC, datetime
@@ -434,8 +454,21 @@ def _run(args: argparse.Namespace) -> int:
     from rollbox.progress import Progress, format_duration
     from rollbox.runner import _spec_of, read_rollouts, run_rollouts, summarize
 
-    dataset = _load_object(args.dataset, "--dataset")
-    agent = _load_object(args.agent, "--agent")
+    if (args.dataset is None) == (args.harbor is None):
+        raise ConfigError("give either --dataset PKG.MOD:ATTR or --harbor PATH")
+    if args.harbor is not None:
+        from rollbox.envs.harbor import HarborDataset, harbor_agent
+
+        dataset: object = HarborDataset(args.harbor, provider=args.provider)
+        agent = (
+            harbor_agent(args.agent)
+            if args.agent in ("oracle", "nop")
+            else _load_object(args.agent, "--agent")
+        )
+        args.score_in_agent_sandbox = True  # Harbor verifies the agent's own container
+    else:
+        dataset = _load_object(args.dataset, "--dataset")
+        agent = _load_object(args.agent, "--agent")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
@@ -451,7 +484,7 @@ def _run(args: argparse.Namespace) -> int:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "provider": args.provider,
-        "dataset": args.dataset,
+        "dataset": args.dataset or f"harbor:{args.harbor}",
         "agent": args.agent,
         "model": args.model,
         "n_concurrent": args.n_concurrent,
@@ -478,19 +511,23 @@ def _run(args: argparse.Namespace) -> int:
         else:
             progress.update(None if rollout.error else bool(rollout.resolved))  # type: ignore[attr-defined]
 
+    provider = _run_provider(args)
     clock = time.perf_counter()
     try:
         rollouts = asyncio.run(
-            run_rollouts(
-                dataset,  # type: ignore[arg-type]
-                agent,  # type: ignore[arg-type]
-                provider=args.provider,
-                n_concurrent=args.n_concurrent,
-                out=results_path,
-                model=args.model,
-                score_in_agent_sandbox=args.score_in_agent_sandbox,
-                agent_timeout_seconds=args.agent_timeout,
-                on_rollout=on_rollout,
+            _closing(
+                provider,
+                run_rollouts(
+                    dataset,  # type: ignore[arg-type]
+                    agent,  # type: ignore[arg-type]
+                    provider=provider,  # type: ignore[arg-type]
+                    n_concurrent=args.n_concurrent,
+                    out=results_path,
+                    model=args.model,
+                    score_in_agent_sandbox=args.score_in_agent_sandbox,
+                    agent_timeout_seconds=args.agent_timeout,
+                    on_rollout=on_rollout,
+                ),
             )
         )
     finally:
@@ -517,6 +554,14 @@ def _run(args: argparse.Namespace) -> int:
         f"results  {results_path}\n"
         f"report   rollbox report {out}"
     )
+    if args.harbor is not None and args.agent in ("oracle", "nop"):
+        from rollbox.envs.harbor import validation_problems
+
+        broken = validation_problems(rollouts, args.agent)
+        for problem in broken:
+            print(problem)
+        if broken:
+            return 1
     return 1 if summary["errors"] else 0
 
 
@@ -717,10 +762,22 @@ def _add_batch_commands(commands: argparse._SubParsersAction) -> None:  # type: 
         "run again with the same --out to finish what is missing. Exit 1 if some instance "
         "ended in an error (sandbox, agent or dataset failure).",
     )
-    run.add_argument("--dataset", required=True, metavar="PKG.MOD:ATTR", help="the Dataset")
+    run.add_argument("--dataset", metavar="PKG.MOD:ATTR", help="the Dataset")
+    run.add_argument(
+        "--harbor",
+        metavar="PATH",
+        help="a Harbor task directory or a folder of them, instead of --dataset (then --agent "
+        "may be oracle or nop, which validate a task set: oracle must score 1, nop 0)",
+    )
     run.add_argument("--agent", required=True, metavar="PKG.MOD:ATTR", help="the Agent")
     run.add_argument("--out", required=True, metavar="DIR", help="where results go")
     run.add_argument("--provider", default="local", help="sandbox provider (default local)")
+    run.add_argument(
+        "--address",
+        default=None,
+        metavar="HOST:PORT",
+        help="with --provider ray: the Ray cluster (default RAY_ADDRESS, else a local Ray)",
+    )
     run.add_argument("--model", default=None, help="passed to Agent.solve(model=...)")
     run.add_argument(
         "--n-concurrent",

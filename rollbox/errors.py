@@ -7,7 +7,7 @@
     │   └── DockerEngineError       the Docker Engine refused a request or cannot be reached
     ├── SandboxError                something went wrong with one sandbox
     │   ├── SandboxStartError       it could not start
-    │   ├── SandboxDeadError        it died or was killed (.reason: killed, ttl, oom, exited)
+    │   ├── SandboxDeadError        it died or was killed (.reason: killed, ttl, oom, exited, node_died)
     │   ├── SandboxFileError        a file operation failed (missing file, not a directory, ...)
     │   ├── TooManySandboxesError   the provider's cap on live sandboxes was reached
     │   └── CommandError            a command could not be started (not: it exited non-zero)
@@ -52,8 +52,9 @@ class SandboxDeadError(SandboxError):
     """The sandbox is gone (killed, expired, or its agent died).
 
     ``reason`` is one of ``"killed"``, ``"ttl"``, ``"oom"`` (its own processes and files used
-    up ``Limits.memory_mb``: the policy's doing, which a reward should score as a failure) or
-    ``"exited"`` (its agent ended for another reason).
+    up ``Limits.memory_mb``: the policy's doing, which a reward should score as a failure),
+    ``"exited"`` (its agent ended for another reason) or ``"node_died"`` (the Ray node, or the
+    sandbox host on it, went away: infrastructure, which ``run_rollouts`` runs again elsewhere).
     """
 
     def __init__(

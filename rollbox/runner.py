@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rollbox.errors import BackendUnavailableError, ConfigError, SandboxError
+from rollbox.errors import BackendUnavailableError, ConfigError, SandboxDeadError, SandboxError
 from rollbox.sandbox.base import AsyncSandbox, Provider
 from rollbox.sandbox.models import SandboxSpec
 
@@ -65,6 +65,11 @@ class Rollout(BaseModel):
     duration_s: float = 0.0
     details: dict[str, Any] = Field(default_factory=dict)
     template_id: str | None = None
+    retries: list[str] = Field(
+        default_factory=list,
+        description="why the instance ran again from the start: a node that died under its "
+        "sandbox (infrastructure, not the policy)",
+    )
 
     @property
     def done(self) -> bool:
@@ -110,6 +115,9 @@ class Agent(Protocol):
 
 
 RolloutCallback = Callable[[Rollout], Any]
+
+# How many times an instance runs again after the node under its sandbox died (provider="ray").
+NODE_RETRIES = 3
 
 
 def instance_id_of(dataset: Any, instance: Any, position: int) -> str:
@@ -223,6 +231,18 @@ def _as_score(value: Any) -> tuple[float, bool, dict[str, Any]]:
     return float(score), bool(resolved), json.loads(json.dumps(details, default=str))
 
 
+def _node_death(exc: BaseException) -> SandboxDeadError | None:
+    """The SandboxDeadError(reason="node_died") behind ``exc``, also when code wrapped it."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, SandboxDeadError) and current.reason == "node_died":
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 async def _call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     value = function(*args, **kwargs)
     return await value if inspect.isawaitable(value) else value
@@ -249,21 +269,34 @@ class _Runner:
         self.score_timeout = score_timeout_seconds
 
     async def rollout(self, instance: Any, instance_id: str) -> Rollout:
-        """One instance, start to end; every failure becomes the Rollout's ``error``."""
+        """One instance, start to end; every failure becomes the Rollout's ``error``.
+
+        An instance whose sandbox died with its node runs again from the start (on another
+        node: the provider places it), up to ``NODE_RETRIES`` times; ``retries`` says why.
+        """
         started = time.monotonic()
-        record: dict[str, Any] = {"instance_id": instance_id}
-        try:
-            record.update(await self._rollout(instance, record))
-        except (BackendUnavailableError, asyncio.CancelledError):
-            raise  # the machine cannot run anything: stop the batch
-        except TimeoutError:
-            record["error"] = f"scoring took longer than {self.score_timeout} s"
-        except SandboxError as exc:
-            record["error"] = f"sandbox failure: {type(exc).__name__}: {exc}"
-        except Exception as exc:
-            stage = record.pop("_stage", "run")
-            record["error"] = f"{stage} raised {type(exc).__name__}: {exc}"
+        retries: list[str] = []
+        while True:
+            record: dict[str, Any] = {"instance_id": instance_id}
+            try:
+                record.update(await self._rollout(instance, record))
+            except (BackendUnavailableError, asyncio.CancelledError):
+                raise  # the machine cannot run anything: stop the batch
+            except TimeoutError:
+                record["error"] = f"scoring took longer than {self.score_timeout} s"
+            except Exception as exc:
+                lost = _node_death(exc)
+                if lost is not None and len(retries) < NODE_RETRIES:
+                    retries.append(str(lost))
+                    continue
+                if isinstance(exc, SandboxError):
+                    record["error"] = f"sandbox failure: {type(exc).__name__}: {exc}"
+                else:
+                    stage = record.pop("_stage", "run")
+                    record["error"] = f"{stage} raised {type(exc).__name__}: {exc}"
+            break
         record.pop("_stage", None)
+        record["retries"] = retries
         record["duration_s"] = round(time.monotonic() - started, 4)
         return Rollout(**record)
 

@@ -548,15 +548,16 @@ class _Template:
                 args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
         for name in ("passwd", "group", "hosts", "hostname", "resolv.conf"):
             args += ["--ro-bind", str(etc_dir / name), f"/etc/{name}"]
-        args += [
-            "--symlink",
-            self.python,
-            "/.rollbox/bin/python",
-            "--symlink",
-            self.python,
-            "/.rollbox/bin/python3",
-        ]
         return args
+
+    def helper_links(self) -> list[str]:
+        """``python`` and ``python3`` in /.rollbox/bin (first on PATH) for the python template."""
+        if self.rootfs is not None:
+            return []
+        return [
+            "--symlink", self.python, "/.rollbox/bin/python",
+            "--symlink", self.python, "/.rollbox/bin/python3",
+        ]  # fmt: skip
 
 
 def _int_from_env(name: str, default: int) -> int:
@@ -696,8 +697,14 @@ class LocalProvider(Provider):
             "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
             "--remount-ro", "/dev",  # its tmpfs is writable and unbounded otherwise
             *writable,
+            # /.rollbox is a read-only mount of its own: on a template with a writable root, a
+            # plain directory there would let the agent plant /.rollbox/bin/python3 (first on
+            # PATH) for every later command, the verifier's included.
+            "--perms", "0755", "--size", "1048576", "--tmpfs", "/.rollbox",
+            *template.helper_links(),
             "--bind", str(pids_cgroup), _CGROUP_IN_SANDBOX,
             "--ro-bind", str(self._agent_path), _AGENT_IN_SANDBOX,
+            "--remount-ro", "/.rollbox",
             # the python template's root is bwrap's tmpfs: read-only. A root filesystem
             # template's root is its own writable overlay (bounded by the memory cgroup).
             *(["--remount-ro", "/"] if template.rootfs is None else []),

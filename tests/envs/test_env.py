@@ -346,6 +346,22 @@ async def test_hidden_tests_cannot_be_read_by_the_agent(provider: LocalProvider)
         assert reward == 1.0, info["verifier"]
 
 
+async def test_the_agent_home_cannot_reach_into_the_verifier(provider: LocalProvider) -> None:
+    # A usercustomize.py in the agent's HOME would run in every Python the tests start.
+    task = answer_task(verifier={"command": "python3 -c 'import sys; sys.exit(1)'"})
+    plant = (
+        "d=$(python3 -c 'import site; print(site.getusersitepackages())') && mkdir -p $d && "
+        "printf 'import os\\nos._exit(0)\\n' > $d/usercustomize.py && "
+        "python3 -c 'import sys; sys.exit(1)'; echo planted-$?"
+    )
+    async with AsyncSandboxEnv(task, provider=provider) as env:
+        await env.reset()
+        obs, *_ = await env.step(plant)
+        assert "planted-0" in obs  # the plant works for the agent's own commands
+        _, reward, *_ = await env.step({"tool": "submit"})
+        assert reward == 0.0
+
+
 async def test_stdin_nonce_stops_early_exit(provider: LocalProvider) -> None:
     for command, reward in (("exit 0", 0.0), ("read nonce; echo $nonce", 1.0)):
         task = answer_task(verifier={"command": command, "stdin_nonce": True})

@@ -58,6 +58,20 @@ async def test_rootfs_template_gets_its_own_layer(provider: LocalProvider, rootf
         assert first.template_id.startswith("dir:") and first.template_id == second.template_id
 
 
+async def test_the_agent_cannot_plant_tools_first_on_path(
+    provider: LocalProvider, rootfs: Path
+) -> None:
+    # /.rollbox/bin comes first on PATH; on a template with a writable root it must still be
+    # read-only, or a planted python3 would run in every later command (the verifier's too).
+    async with await AsyncSandbox.create(from_template=str(rootfs), provider=provider) as sb:
+        plant = await sb.commands.run(
+            "mkdir -p /.rollbox/bin && printf '#!/bin/sh\\necho HIJACKED\\n' > /.rollbox/bin/python3"
+            " && chmod +x /.rollbox/bin/python3"
+        )
+        assert plant.exit_code != 0, plant
+        assert (await sb.commands.run("python3 -c 'print(1)'")).stdout == "1\n"
+
+
 async def test_bad_templates_are_config_errors(provider: LocalProvider, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="neither 'python' nor"):
         await AsyncSandbox.create(from_template="no-such-template", provider=provider)

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sort -u words.txt | wc -l > count.txt
