@@ -15,6 +15,7 @@ _BUILTIN: dict[str, tuple[str, str | None]] = {
     "local": ("rollbox.sandbox.local:LocalProvider", None),
     "docker": ("rollbox.sandbox.docker:DockerProvider", "docker"),
     "remote": ("rollbox.sandbox.remote:RemoteProvider", None),  # httpx only; the server: [server]
+    "ray": ("rollbox.sandbox.ray:RayProvider", "ray"),
 }
 
 # One default instance per provider name and event loop: providers hold loop-bound state.

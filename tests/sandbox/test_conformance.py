@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -23,7 +24,22 @@ def _docker(**kwargs: object):  # type: ignore[no-untyped-def]
     return DockerProvider(**kwargs)  # type: ignore[arg-type]
 
 
-PROVIDERS = {"local": _local, "docker": _docker}
+def _ray(**kwargs: object):  # type: ignore[no-untyped-def]
+    from rollbox.sandbox.ray import RayProvider
+    from tests.sandbox._ray import ray_cluster
+
+    ray_cluster()  # two nodes on this machine, shared by this module's tests
+    return RayProvider(**kwargs)  # type: ignore[arg-type]
+
+
+PROVIDERS = {"local": _local, "docker": _docker, "ray": _ray}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_ray_cluster() -> Iterator[None]:
+    yield
+    if "tests.sandbox._ray" in sys.modules:
+        sys.modules["tests.sandbox._ray"].stop_ray_cluster()
 
 
 @pytest.fixture(
