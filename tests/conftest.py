@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -42,7 +43,43 @@ def assert_no_leftovers(sandbox_ids: set[str] | None = None) -> None:
             if k != "bwrap"
         }
         leftovers = {k: v for k, v in leftovers.items() if v}
-    assert not leftovers, f"left behind: {leftovers}"
+    assert not leftovers, f"left behind: {leftovers}{_holders(leftovers.get('cgroups', []))}"
+
+
+def _holders(cgroups: list[str]) -> str:
+    """The processes still in leftover cgroups, for the failure message."""
+    seen = []
+    for cgroup in cgroups:
+        for procs in Path(cgroup).rglob("cgroup.procs"):
+            for pid in procs.read_text().split():
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text()
+                except OSError:
+                    continue
+                seen.append(
+                    f"{pid} {stat.split(')')[0].split('(')[-1]} {stat.rsplit(')', 1)[1].split()[0]}"
+                )
+    return f"; processes in them: {seen}" if cgroups else ""
+
+
+def reap_until_clean(sandbox_ids: set[str], seconds: float = 30.0) -> None:
+    """Run the reaper until the sandboxes are gone, as ``rollbox cleanup`` or the next start would.
+
+    One pass keeps a record whose cgroups are still busy (processes of a killed PID namespace
+    can take a moment to exit on a loaded machine) so that a later pass finishes the job.
+    """
+    from rollbox.sandbox.local import LocalProvider
+
+    deadline = time.monotonic() + seconds
+    while True:
+        LocalProvider().cleanup()
+        try:
+            assert_no_leftovers(sandbox_ids)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
 
 
 @pytest.fixture

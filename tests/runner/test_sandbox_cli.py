@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rollbox.sandbox import _host
 from rollbox.sandbox.local import LocalProvider
-from tests.conftest import assert_no_leftovers
+from tests.conftest import assert_no_leftovers, reap_until_clean
 
 
 def rollbox_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -84,8 +84,7 @@ def test_a_holder_killed_with_9_is_reaped_by_cleanup() -> None:
     deadline = time.monotonic() + 10
     while _host.process_start_time(holder) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
-    LocalProvider().cleanup()
-    assert_no_leftovers({sandbox_id})
+    reap_until_clean({sandbox_id})
     result = rollbox_cli("sandbox", "exec", sandbox_id, "true")
     assert result.returncode == 1 and "no sandbox" in result.stderr
 

@@ -27,10 +27,9 @@ from rollbox import AsyncSandbox
 from rollbox.errors import ConfigError, SandboxDeadError, SandboxStartError, TooManySandboxesError
 from rollbox.runner import AgentResult, run_rollouts
 from rollbox.sandbox import _host
-from rollbox.sandbox.local import LocalProvider
 from rollbox.sandbox.ray import RayProvider, RaySandbox
 from rollbox.sandbox.registry import get_provider, provider_names
-from tests.conftest import assert_no_leftovers
+from tests.conftest import assert_no_leftovers, reap_until_clean
 from tests.sandbox._ray import RayCluster, ray_cluster, stop_ray_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -261,8 +260,7 @@ async def test_a_node_killed_mid_run(cluster: RayCluster) -> None:
         await provider.close()
         await pinned.close()
     # ...and the reaper (any LocalProvider start on the machine) removes their cgroups and records.
-    LocalProvider().cleanup()
-    assert_no_leftovers({r["id"] for r in records} | set(dataset.setups))
+    reap_until_clean({r["id"] for r in records} | set(dataset.setups))
 
 
 @pytest.mark.slow
@@ -286,8 +284,7 @@ async def test_a_killed_host_worker(cluster: RayCluster) -> None:
         ids = {b.id for b in boxes + more}
     finally:
         await provider.close()
-    LocalProvider().cleanup()  # the reaper: the dead host's cgroups and records
-    assert_no_leftovers(ids)
+    reap_until_clean(ids)  # the reaper: the dead host's cgroups and records
 
 
 @pytest.mark.slow
@@ -334,8 +331,7 @@ async def test_a_killed_driver_takes_its_hosts_and_sandboxes(
         driver.send_signal(signal.SIGKILL)
         driver.wait()
     assert await _wait_gone(made["hosts"] + bwraps) == []
-    LocalProvider().cleanup()
-    assert_no_leftovers(set(made["ids"]))
+    reap_until_clean(set(made["ids"]))
 
 
 @pytest.mark.slow
