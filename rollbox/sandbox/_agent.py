@@ -17,6 +17,7 @@ tree stays reachable through parent links while the command runs; a timeout stop
 non-dumpable there, so sandboxed code running as the same uid cannot ptrace it.
 """
 
+import _thread
 import errno
 import os
 import select
@@ -142,6 +143,10 @@ class Agent:
         self.draining = set()  # fds of finished commands, read and discarded until EOF
         self.lingering = set()  # cgroups of finished commands that still had processes
         self.known_cgroups = set()  # the command cgroups this agent made
+        self.cgroup_serial = 0
+        self.next_cgroup = None  # made for the next command; the agent moves in ahead of it
+        self.next_joined = False
+        self.next_moving = _thread.allocate_lock()  # held while the move is under way
         self.ttl_deadline = None
         self.poll = select.epoll()
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -150,6 +155,8 @@ class Agent:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.poll.register(rfd, select.EPOLLIN)
         self.poll.register(wake_r, select.EPOLLIN)
+        if cgroup_root:
+            self.prepare_next_cgroup()
 
     # -- messages --------------------------------------------------------------------------
 
@@ -434,12 +441,7 @@ class Agent:
         if req.get("timeout") is not None:
             command.deadline = time.monotonic() + req["timeout"]
         if self.cgroup_root:
-            command.cgroup = "%s/c%d" % (self.cgroup_root, cid)
-            try:
-                os.mkdir(command.cgroup)
-                self.known_cgroups.add(command.cgroup)
-            except OSError:
-                command.cgroup = None
+            command.cgroup = self.take_next_cgroup()
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         if req.get("stdin"):
@@ -447,16 +449,14 @@ class Agent:
         else:
             in_r, in_w = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), -1
         # posix_spawn (vfork) is far cheaper than fork here. The child inherits the agent's cwd
-        # and cgroup, so the agent steps into both around the spawn: the command starts inside
-        # its own cgroup, before it can fork anything.
+        # and cgroup: the agent is already in the command's cgroup, and steps into its cwd around
+        # the spawn, so the command starts inside both, before it can fork anything.
         try:
             os.chdir(cwd)
             # Commands are the OOM killer's first choice, the agent its last: files in the
             # sandbox's tmpfs count against its memory but belong to no process. (Raising is
             # allowed unprivileged; lowering back only to the value we started with.)
             self.set_oom_score(b"1000")
-            if command.cgroup:
-                self.join_cgroup(command.cgroup)
             if self.prctl is not None and not command.cgroup:
                 pid = self.spawn_under_reaper(req["cmd"], req["env"], in_r, out_w, err_w)
                 command.reaper = True
@@ -475,10 +475,10 @@ class Agent:
                     setsigmask=(),
                 )
         finally:
-            if command.cgroup:
-                self.join_cgroup(self.cgroup_root)
             self.set_oom_score(b"0")
             os.chdir("/")
+            if self.cgroup_root:
+                self.prepare_next_cgroup()
         os.close(in_r)
         os.close(out_w)
         os.close(err_w)
@@ -612,6 +612,53 @@ class Agent:
             except OSError:
                 pass
 
+    def prepare_next_cgroup(self):
+        """Make the next command's cgroup and move the agent into it, in the background.
+
+        A move between cgroups waits for an RCU grace period (~10 ms) unless another move
+        happened just before, so a command that paid it would start late after every pause.
+        Done ahead, it is off the command's path. Until the move is done the agent stays in the
+        cgroup of the command it last started (``kill_cgroup`` spares PID 1).
+        """
+        self.cgroup_serial += 1
+        path = "%s/n%d" % (self.cgroup_root, self.cgroup_serial)
+        try:
+            os.mkdir(path)
+        except OSError:
+            self.next_cgroup = None
+            return
+        self.known_cgroups.add(path)
+        self.next_cgroup = path
+        self.next_joined = False
+        self.next_moving.acquire()
+        try:
+            _thread.start_new_thread(self.move_ahead, (path,))
+        except RuntimeError:  # no thread to be had (the pids limit is reached): move now
+            self.move_ahead(path)
+
+    def move_ahead(self, path):
+        try:
+            self.join_cgroup(path)
+            self.next_joined = True
+        except OSError:
+            pass
+        finally:
+            self.next_moving.release()
+
+    def take_next_cgroup(self):
+        """The cgroup the agent is in, made for this command (None if none could be made)."""
+        for _ in range(2):  # the second time synchronously, should the first have failed
+            with self.next_moving:  # wait for a move still under way
+                pass
+            path, self.next_cgroup = self.next_cgroup, None
+            if path is not None and self.next_joined:
+                self.kill_cgroup(path)  # a stray that moved itself in while it waited
+                return path
+            if path is not None:
+                self.try_rmdir(path)
+            self.prepare_next_cgroup()
+        return None
+
     def join_cgroup(self, cgroup):
         fd = os.open(cgroup + "/cgroup.procs", os.O_WRONLY)
         try:
@@ -720,7 +767,9 @@ class Agent:
         for dirpath, dirnames, _files in os.walk(self.cgroup_root):
             for name in dirnames:
                 path = os.path.join(dirpath, name)
-                if path not in self.known_cgroups:
+                if path == self.next_cgroup:
+                    self.kill_cgroup(path)  # no command runs there yet
+                elif path not in self.known_cgroups:
                     self.kill_cgroup(path)
                     self.try_rmdir(path)
 
@@ -756,7 +805,7 @@ class Agent:
         for _ in range(200):
             try:
                 with open(cgroup + "/cgroup.procs") as procs:
-                    pids = [int(line) for line in procs.read().split()]
+                    pids = [int(line) for line in procs.read().split() if line != "1"]
             except (OSError, ValueError):
                 return
             if not pids:

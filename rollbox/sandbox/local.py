@@ -19,7 +19,6 @@ import contextlib
 import hashlib
 import json
 import os
-import resource
 import secrets
 import signal
 import subprocess
@@ -38,7 +37,7 @@ from rollbox.errors import (
     SandboxError,
     SandboxStartError,
 )
-from rollbox.sandbox import _host, _netns, _seccomp, _snapshots
+from rollbox.sandbox import _host, _netns, _seccomp, _snapshots, _spawner
 from rollbox.sandbox._agent_client import DEFAULT_PATH, AgentSandbox, read_agent
 from rollbox.sandbox.base import Provider, SandboxSlots
 from rollbox.sandbox.models import NetworkConfig, SandboxInfo, SandboxSpec, Snapshot
@@ -158,7 +157,7 @@ class LocalSandbox(AgentSandbox):
         self._cgroups: dict[str, Path] = {
             name: parent / sandbox_id for name, parent in provider.cgroups.parents.items()
         }
-        self._proc: asyncio.subprocess.Process | None = None
+        self._pid: int | None = None  # bwrap's, started by the spawner helper
         self._pid_start: int | None = None
         self._net: _netns.SandboxNet | None = None  # its netns, veth and nft table, if any
         self._reader: asyncio.Task[None] | None = None
@@ -171,8 +170,12 @@ class LocalSandbox(AgentSandbox):
 
     # -- life cycle ------------------------------------------------------------------------
 
-    async def _boot(self, template: _Template, disk_mb: int) -> None:
-        """Start bwrap and the agent; raise SandboxStartError if they do not come up."""
+    async def _boot(self, template: _Template, disk_mb: int, *, ahead: bool = False) -> None:
+        """Start bwrap and the agent; raise SandboxStartError if they do not come up.
+
+        ``ahead``: booted for the pool, at the lowest CPU weight until ``_activate``, so that it
+        takes no CPU from the sandboxes at work.
+        """
         provider = self._provider
         # Pool keys hold the NetworkConfig: a pooled sandbox is booted with its network.
         network = next((k for k in self._pool_key if isinstance(k, NetworkConfig)), None)
@@ -194,6 +197,7 @@ class LocalSandbox(AgentSandbox):
             for path in self._cgroups.values():
                 path.mkdir()
             _apply_limits(self._cgroups, SandboxSpec())  # safe defaults while pooled
+            _write_cgroup(self._cgroups["cpu"], "cpu.shares", "2" if ahead else "1024")
             # Delegate the pids cgroup to the agent: it makes one child cgroup per command, so a
             # timeout can kill everything the command started. Limits files stay root's.
             for path in (self._cgroups["pids"], self._cgroups["pids"] / "cgroup.procs"):
@@ -229,78 +233,76 @@ class LocalSandbox(AgentSandbox):
                     f"cannot set up the network of {self.id}: {exc}", sandbox_id=self.id
                 ) from exc
 
-        seccomp_fd = os.memfd_create("rollbox-seccomp", 0)
+        seccomp_fd = os.memfd_create("rollbox-seccomp", os.MFD_CLOEXEC)
         os.write(seccomp_fd, provider.seccomp_program)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
-        argv = provider.bwrap_argv(template, disk_mb, self._cgroups["pids"], seccomp_fd, snapshot)
+        argv = provider.bwrap_argv(
+            template, disk_mb, self._cgroups["pids"], _spawner.SECCOMP_FD_IN_CHILD, snapshot
+        )
         if net_fd >= 0:
             argv.remove("--unshare-net")  # it runs in the sandbox's own netns instead
-        procs_paths = [str(p / "cgroup.procs") for p in self._cgroups.values()]
-        disk_bytes = disk_mb * 1024 * 1024
-
-        def enter_sandbox_user() -> None:  # runs in the child, as root, before bwrap
-            if net_fd >= 0:  # a failure here aborts the exec: never the host's network
-                _netns.enter(net_fd)
-            for path in procs_paths:
-                fd = os.open(path, os.O_WRONLY)
-                os.write(fd, b"0")
-                os.close(fd)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (disk_bytes, disk_bytes))
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            if os.geteuid() == 0:
-                os.setgroups([])
-                os.setresgid(_host.SANDBOX_UID, _host.SANDBOX_UID, _host.SANDBOX_UID)
-                os.setresuid(_host.SANDBOX_UID, _host.SANDBOX_UID, _host.SANDBOX_UID)
-
-        # A cancel must not land inside asyncio's process set-up, whose own clean-up can wait
-        # forever for the killed child: let the spawn finish, then tear the sandbox down.
+        stdin_read, stdin_write = os.pipe2(os.O_CLOEXEC)
+        stdout_read, stdout_write = os.pipe2(os.O_CLOEXEC)
+        stderr_read, stderr_write = os.pipe2(os.O_CLOEXEC)
+        child_fds = [stdin_read, stdout_write, stderr_write, seccomp_fd]
+        child_fds += [net_fd] if net_fd >= 0 else []
+        # The spawner helper forks bwrap (see _spawner.py); off the loop, as it can take a moment.
         spawn = asyncio.ensure_future(
-            asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=(seccomp_fd,),
-                preexec_fn=enter_sandbox_user,
-                cwd="/",
-                env={},
-                limit=1 << 24,
+            asyncio.to_thread(
+                _spawner.SPAWNER.spawn,
+                argv,
+                fds=child_fds,
+                cgroup_procs=[str(p / "cgroup.procs") for p in self._cgroups.values()],
+                file_size_limit=disk_mb * 1024 * 1024,
+                uid=_host.SANDBOX_UID,
             )
         )
         try:
-            try:
-                self._proc = await asyncio.shield(spawn)
+            try:  # a cancel lets the spawn finish, then tears the sandbox down
+                self._pid, self._pid_start = await asyncio.shield(spawn)
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
-                    self._proc = await spawn
+                    self._pid, self._pid_start = await spawn
                 self._destroy_now()
                 raise
-        except (OSError, subprocess.SubprocessError) as exc:  # the latter: preexec_fn failed
+        except BaseException as exc:
+            for fd in (stdin_write, stdout_read, stderr_read):
+                os.close(fd)
+            if not isinstance(exc, (OSError, RuntimeError)):  # RuntimeError: loop shutting down
+                raise
             self._destroy_now()
             raise SandboxStartError(f"cannot start bwrap: {exc}", sandbox_id=self.id) from exc
         finally:
-            os.close(seccomp_fd)
-            if net_fd >= 0:
-                os.close(net_fd)
-        self._pid_start = _host.process_start_time(self._proc.pid)
+            for fd in child_fds:
+                os.close(fd)
         self._record.write(
             id=self.id,
             owner_pid=os.getpid(),
             owner_start=_host.process_start_time(os.getpid()),
             cgroups={k: str(v) for k, v in self._cgroups.items()},
-            pid=self._proc.pid,
+            pid=self._pid,
             pid_start=self._pid_start,
             expires_at=None,
         )
         # The readers hold the sandbox weakly, so an abandoned sandbox is collected (and killed).
-        assert self._proc.stdout is not None and self._proc.stderr is not None
-        self._writer = self._proc.stdin
-        self._reader = asyncio.ensure_future(read_agent(weakref.ref(self), self._proc.stdout))
-        self._background(_read_stderr(self._stderr_tail, self._proc.stderr))
+        loop = asyncio.get_running_loop()
+        stdout = asyncio.StreamReader(limit=1 << 24, loop=loop)
+        await loop.connect_read_pipe(lambda: _PipeProtocol(stdout), os.fdopen(stdout_read, "rb", 0))
+        stderr = asyncio.StreamReader(loop=loop)
+        await loop.connect_read_pipe(lambda: _PipeProtocol(stderr), os.fdopen(stderr_read, "rb", 0))
+        transport, protocol = await loop.connect_write_pipe(
+            lambda: asyncio.streams.FlowControlMixin(loop), os.fdopen(stdin_write, "wb", 0)
+        )
+        self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
+        self._reader = asyncio.ensure_future(read_agent(weakref.ref(self), stdout))
+        stderr_read_to_end = asyncio.ensure_future(_read_stderr(self._stderr_tail, stderr))
+        self._background(stderr_read_to_end)
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), _START_TIMEOUT)
         except (TimeoutError, SandboxDeadError) as exc:
             await self.kill()
+            with contextlib.suppress(Exception):  # what bwrap or the spawner said on the way out
+                await asyncio.wait_for(asyncio.shield(stderr_read_to_end), 2)
             detail = bytes(self._stderr_tail).decode(errors="replace").strip()
             raise SandboxStartError(
                 f"sandbox {self.id} did not start: {detail or exc or 'timed out'}",
@@ -312,6 +314,7 @@ class LocalSandbox(AgentSandbox):
         self.spec = spec
         self._created_at = datetime.now(UTC)
         _apply_limits(self._cgroups, spec)
+        _write_cgroup(self._cgroups["cpu"], "cpu.shares", "1024")
         if spec.ttl_seconds is not None:
             self._expires_at = self._created_at + timedelta(seconds=spec.ttl_seconds)
             await self._request({"op": "ttl", "seconds": spec.ttl_seconds})
@@ -323,7 +326,7 @@ class LocalSandbox(AgentSandbox):
             owner_pid=os.getpid(),
             owner_start=_host.process_start_time(os.getpid()),
             cgroups={k: str(v) for k, v in self._cgroups.items()},
-            pid=self._proc.pid if self._proc else None,
+            pid=self._pid,
             pid_start=self._pid_start,
             expires_at=self._expires_at.timestamp() if self._expires_at else None,
             name=spec.name,
@@ -339,9 +342,8 @@ class LocalSandbox(AgentSandbox):
             # the kernel takes ~40 ms to remove a network: not on the loop
             await asyncio.to_thread(self._destroy_processes_and_network)
         self._destroy_now()
-        if self._proc is not None and self._proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, TimeoutError):
-                await asyncio.wait_for(self._proc.wait(), 5)
+        if self._writer is not None:
+            self._writer.close()
         if self._reader is not None:
             self._reader.cancel()
         snapshot = next((k for k in self._pool_key if isinstance(k, Path)), None)
@@ -353,8 +355,7 @@ class LocalSandbox(AgentSandbox):
         self._dead = True
         if os.getpid() != self._owner_pid:
             return  # a forked child's copy: the sandbox belongs to the parent
-        pid = self._proc.pid if self._proc is not None else None
-        destroyed = _destroy(pid, self._pid_start, self._cgroups)
+        destroyed = _destroy(self._pid, self._pid_start, self._cgroups)
         if self._destroy_network() and destroyed:
             self._record.remove()
         if self._holds_slot:
@@ -368,8 +369,7 @@ class LocalSandbox(AgentSandbox):
         return self._net is None
 
     def _destroy_processes_and_network(self) -> None:
-        pid = self._proc.pid if self._proc is not None else None
-        _destroy(pid, self._pid_start, self._cgroups)
+        _destroy(self._pid, self._pid_start, self._cgroups)
         self._destroy_network()
 
     def __del__(self) -> None:
@@ -446,6 +446,16 @@ class LocalSandbox(AgentSandbox):
         )
 
 
+class _PipeProtocol(asyncio.StreamReaderProtocol):
+    """Holds its reader strongly (asyncio's holds it weakly), so the loop, through the pipe's
+    transport, keeps the reader and the task reading it alive until EOF, even once the sandbox
+    object is gone."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        super().__init__(reader)
+        self.reader = reader
+
+
 async def _read_stderr(tail: bytearray, stderr: asyncio.StreamReader) -> None:
     """Keep the last 4 KiB of bwrap's and the agent's stderr, for start-up errors."""
     with contextlib.suppress(Exception):
@@ -514,7 +524,6 @@ class _Template:
             self.identity = f"dir:{self.rootfs}@{int(st.st_mtime)}"
 
     def _python_version(self) -> str:
-        import subprocess
 
         try:
             out = subprocess.run(
@@ -784,7 +793,7 @@ class LocalProvider(Provider):
         sandbox = LocalSandbox(self, self._new_id(), key)
         self._register(sandbox)
         try:
-            await sandbox._boot(template, disk_mb)
+            await sandbox._boot(template, disk_mb, ahead=True)
         except SandboxError:
             return
         if self._closed:

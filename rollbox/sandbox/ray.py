@@ -8,8 +8,9 @@ unless it is named with ``RayProvider(node=...)``. A ``RaySandbox`` has the API 
 sandbox: each primitive is a call to its host actor, and a command's output streams back
 through a Ray streaming generator.
 
-A sandbox lives in its host's worker process: bwrap runs with ``--die-with-parent`` there, so
-when the node or the worker dies, its sandboxes die too, and the next rollbox process on that
+A sandbox lives in its host's worker process: bwrap runs with ``--die-with-parent`` under that
+worker's spawner helper, which exits with the worker, so when the node or the worker dies, its
+sandboxes die too, and the next rollbox process on that
 machine reaps their cgroups and records. Callers then get ``SandboxDeadError`` with
 ``reason="node_died"``; ``create`` places the sandbox on another node, and ``run_rollouts``
 runs the instances that were on the lost node again.

@@ -20,17 +20,32 @@ from tests.conftest import assert_no_leftovers
 
 
 def _bwrap_children_of(pid: int) -> list[int]:
-    found = []
+    """The bwrap processes a host process started (through its spawner helper)."""
+    parents: dict[int, int] = {}
+    bwraps = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 stat = (proc / "stat").read_text()
             except OSError:
                 continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[1]) == pid and "bwrap" in stat[: stat.rindex(")")]:
-                found.append(int(proc.name))
-    return found
+            parents[int(proc.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+            if "(bwrap)" in stat:
+                bwraps.append(int(proc.name))
+    return [b for b in bwraps if parents.get(parents.get(b, 0), 0) == pid]
+
+
+def _parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
 
 
 async def test_kill_removes_everything(provider: LocalProvider) -> None:
@@ -122,14 +137,19 @@ def test_kill_9_of_the_owner_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
     state = Path(f"/run/rollbox-test-{os.getpid()}")
     monkeypatch.setenv("ROLLBOX_STATE_DIR", str(state))
     owner, sandbox_id = _start_owner("sleep", {"ROLLBOX_STATE_DIR": str(state)})
-    bwraps = _bwrap_children_of(owner.pid)
-    assert bwraps, "the owner should have a bwrap child"
-    owner.kill()
-    owner.wait(timeout=10)
-    # bwrap dies with its parent (PR_SET_PDEATHSIG); the cgroups and the record are the reaper's
+    try:
+        bwraps = _bwrap_children_of(owner.pid)
+        assert bwraps, "the owner should have started a bwrap"
+        spawners = {_parent_of(pid) for pid in bwraps}
+    finally:
+        owner.kill()
+        owner.wait(timeout=10)
+    # The spawner helper exits with its owner, bwrap (--die-with-parent) with the spawner; the
+    # cgroups and the record are the reaper's.
     deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{pid}").exists() for pid in bwraps) and time.monotonic() < deadline:
+    while not all(_gone(p) for p in [*bwraps, *spawners]) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert all(_gone(p) for p in [*bwraps, *spawners]), "the owner's processes outlived it"
     # what the dead owner left: its record and cgroups, until a provider starts and reaps them
     assert (LocalProvider.state_path() / f"{sandbox_id}.json").exists()
     assert LocalProvider().reaped_at_start >= 1

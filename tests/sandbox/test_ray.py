@@ -1,7 +1,8 @@
 """The ray provider on a real multi-node Ray cluster on this machine (``_ray.py``).
 
 Placement is checked from the outside: a sandbox's bwrap process (named in the local backend's
-state record) is a child of a Ray worker, itself a child of the raylet of the node it is on.
+state record) is started by the spawner helper of a Ray worker, itself a child of the raylet of
+the node it is on.
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ def _parent(pid: int) -> int:
 
 
 def _node_of(cluster: RayCluster, sandbox: AsyncSandbox) -> str:
-    """The node a sandbox runs on, seen from the process tree (bwrap < worker < raylet)."""
+    """The node a sandbox runs on, seen from the process tree: bwrap < the worker's spawner
+    helper < worker < raylet."""
     bwrap = _record(sandbox.id)["pid"]
-    raylet = _parent(_parent(bwrap))
+    raylet = _parent(_parent(_parent(bwrap)))
     names = [name for name in cluster.nodes if cluster.raylet_pid(name) == raylet]
     assert len(names) == 1, f"{sandbox.id}: bwrap {bwrap} is under no node's raylet"
     assert cluster.node_id(names[0]) == sandbox.node_id  # type: ignore[attr-defined]

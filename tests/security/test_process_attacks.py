@@ -79,17 +79,21 @@ async def test_orphan_that_leaves_its_command_cgroup_is_killed_on_timeout(
         """
         setsid sh -c 'echo $$ > /.rollbox/cg/cgroup.procs; exec sleep 9601' </dev/null >/dev/null 2>&1 &
         setsid sh -c 'mkdir -p /.rollbox/cg/mine; echo $$ > /.rollbox/cg/mine/cgroup.procs; exec sleep 9602' </dev/null >/dev/null 2>&1 &
+        # the cgroup the agent made ahead for the next command (the newest one), where it
+        # already waits: known to the agent, but no command's yet
+        next=$(ls -d /.rollbox/cg/n* | sort -t n -k 2 -n | tail -n 1)
+        setsid sh -c "echo \\$\\$ > $next/cgroup.procs; exec sleep 9603" </dev/null >/dev/null 2>&1 &
         sleep 600
         """,
         timeout_seconds=2,
     )
     assert attack.timed_out, attack
     listing = await sh(sb, LIVE_CMDLINES)
-    survivors = sleeps(listing.stdout) & {"9601", "9602"}
+    survivors = sleeps(listing.stdout) & {"9601", "9602", "9603"}
     assert not survivors, f"processes of a timed-out command survived it: {listing.stdout}"
 
     await sb.kill()  # the sandbox kill does reap them, nested cgroup included
-    assert not [c for c in host_cmdlines() if re.search(r"\bsleep 960[12]\b", c)]
+    assert not [c for c in host_cmdlines() if re.search(r"\bsleep 960[123]\b", c)]
     assert_no_leftovers({sb.id})
 
 

@@ -62,7 +62,10 @@ async def test_fork_bomb_is_held_by_the_pids_cgroup(provider: object) -> None:
     # process must die with it (they all sit in the command's cgroup).
     bomb = await sh(sb, "bash -c ':(){ :|:& };:; sleep 600'", timeout_seconds=3)
     assert bomb.timed_out and bomb.exit_code == -9, bomb
-    assert int(cgroup_file(sb, "pids", "pids.peak")) == PIDS  # the limit was reached ...
+    # The limit was reached (one over it at most: the agent moving itself into the next
+    # command's cgroup is charged to the new one a moment before the old one is uncharged;
+    # moves are not forks, and the kernel checks the limit only at fork) ...
+    assert PIDS <= int(cgroup_file(sb, "pids", "pids.peak")) <= PIDS + 1
     # ... and the bomb is gone. Killed processes hold their pid until PID 1 (the agent) reaps
     # them, which may come just after the result: allow it a few seconds (not a timing bound).
     for _ in range(100):

@@ -1,0 +1,108 @@
+"""The spawner helper that forks bwrap for the local backend (``_spawner.py``), on its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rollbox.sandbox import _host
+from rollbox.sandbox._spawner import Spawner
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the spawner drops from root")
+
+PROBE = (
+    "id -u; id -G; ulimit -f; ulimit -c; wc -c < /proc/$$/environ; "
+    "cat <&3; grep :pids: /proc/self/cgroup; grep SigIgn /proc/self/status"
+)
+
+
+@pytest.fixture
+def spawner() -> Spawner:
+    return Spawner()
+
+
+@pytest.fixture
+def pids_cgroup() -> Iterator[Path]:
+    layout = _host.require_cgroups()
+    path = layout.parents["pids"] / f"sb-spawnertest{os.getpid()}"
+    path.mkdir()
+    yield path
+    for _ in range(200):
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+def _run(spawner: Spawner, argv: list[str], cgroup_procs: list[str]) -> tuple[str, str]:
+    """Spawn ``argv``: its stdout and stderr (the spawner reaps it)."""
+    stdin_read, stdin_write = os.pipe2(os.O_CLOEXEC)
+    out_read, out_write = os.pipe2(os.O_CLOEXEC)
+    err_read, err_write = os.pipe2(os.O_CLOEXEC)
+    extra = os.memfd_create("extra", os.MFD_CLOEXEC)
+    os.write(extra, b"fd 3 is the fourth fd passed\n")
+    os.lseek(extra, 0, os.SEEK_SET)
+    child_fds = [stdin_read, out_write, err_write, extra]
+    try:
+        pid, start = spawner.spawn(
+            argv, fds=child_fds, cgroup_procs=cgroup_procs, file_size_limit=4096 * 1024, uid=65534
+        )
+    finally:
+        for fd in child_fds:
+            os.close(fd)
+    assert start is not None or not Path(f"/proc/{pid}").exists()
+    os.close(stdin_write)
+    with os.fdopen(out_read, "rb") as out, os.fdopen(err_read, "rb") as err:
+        return out.read().decode(), err.read().decode()
+
+
+def test_the_child_is_the_sandbox_user_in_its_cgroup_with_its_limits(
+    spawner: Spawner, pids_cgroup: Path
+) -> None:
+    out, err = _run(spawner, ["/bin/sh", "-c", PROBE], [str(pids_cgroup / "cgroup.procs")])
+    lines = out.splitlines()
+    assert err == ""
+    assert lines[0] == "65534" and lines[1] == "65534"  # uid; no supplementary groups of root
+    assert lines[2] == "8192" and lines[3] == "0"  # RLIMIT_FSIZE (dash: 512-byte blocks), no core
+    assert lines[4] == "0"  # the shell started with an empty environment: nothing of the host's
+    assert lines[5] == "fd 3 is the fourth fd passed"
+    assert lines[6].endswith(f"/rollbox/{pids_cgroup.name}")
+    assert lines[7:] == ["SigIgn:\t0000000000000000"]  # SIGINT, SIGPIPE... back to default
+
+
+def test_a_child_that_cannot_set_itself_up_says_why_and_never_runs(spawner: Spawner) -> None:
+    out, err = _run(
+        spawner, ["/bin/sh", "-c", "echo RAN"], ["/sys/fs/cgroup/pids/no-such-cgroup/cgroup.procs"]
+    )
+    assert out == ""
+    assert "rollbox: cannot start the sandbox" in err and "No such file" in err, err
+    # ... and the spawner goes on serving
+    out, _ = _run(spawner, ["/bin/sh", "-c", "echo again"], [])
+    assert out == "again\n"
+
+
+def test_a_killed_helper_is_started_again(spawner: Spawner) -> None:
+    assert _run(spawner, ["/bin/sh", "-c", "echo one"], [])[0] == "one\n"
+    helper = spawner._helper
+    assert helper is not None
+    os.kill(helper.pid, signal.SIGKILL)
+    helper.wait()
+    assert _run(spawner, ["/bin/sh", "-c", "echo two"], [])[0] == "two\n"
+    assert spawner._helper is not helper
+
+
+def test_the_helper_exits_with_its_host() -> None:
+    """Closing the host's end (as its exit does) ends the helper; its pidfd of the host does too."""
+    spawner = Spawner()
+    _run(spawner, ["/bin/true"], [])
+    helper = spawner._helper
+    assert helper is not None and helper.poll() is None
+    assert spawner._channel is not None
+    spawner._channel.close()
+    assert helper.wait(timeout=10) == 0
