@@ -77,3 +77,24 @@ async def test_bad_templates_are_config_errors(provider: LocalProvider, tmp_path
         await AsyncSandbox.create(from_template="no-such-template", provider=provider)
     with pytest.raises(ConfigError, match="python3"):
         await AsyncSandbox.create(from_template=str(tmp_path), provider=provider)
+
+
+async def test_the_python_template_runs_the_agent_from_bytecode(sandbox: AsyncSandbox) -> None:
+    """Compiled once by the template's interpreter on the host, not at every sandbox start."""
+    cmdline = (await sandbox.commands.run("tr '\\0' ' ' < /proc/1/cmdline")).stdout
+    assert "/.rollbox/agent.pyc" in cmdline, cmdline
+    # the bytecode is not writable from inside (it is shared by every sandbox)
+    attempt = await sandbox.commands.run("echo x >> /.rollbox/agent.pyc")
+    assert attempt.exit_code != 0
+
+
+async def test_the_agent_source_is_used_where_it_cannot_be_compiled(
+    provider: LocalProvider, rootfs: Path
+) -> None:
+    from rollbox.sandbox.local import _compile_agent
+
+    assert _compile_agent("/no/such/python", "x", provider._agent_path) is False
+    # a root filesystem template's interpreter is not run on the host: the source it is
+    async with await AsyncSandbox.create(from_template=str(rootfs), provider=provider) as box:
+        cmdline = (await box.commands.run("tr '\\0' ' ' < /proc/1/cmdline")).stdout
+        assert "/.rollbox/agent.py " in cmdline, cmdline
