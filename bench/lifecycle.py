@@ -429,8 +429,8 @@ async def run_async_parts(
                 )
             )
 
-    # (a) the same from a host process as big as a trainer (torch, a model): fork copies its
-    # page tables, and preexec_fn makes subprocess fork rather than vfork
+    # (a) the same from a host process as big as a trainer (torch, a model): a fork of it would
+    # copy its page tables; rollbox's spawner helper forks bwrap instead, so it should not matter
     if args.host_gib > 0:
         count = max(10, n // 5)
         done = step(

@@ -166,6 +166,7 @@ class LocalSandbox(AgentSandbox):
         self._created_at = datetime.now(UTC)
         self._expires_at: datetime | None = None
         self._holds_slot = False
+        self._booted_ahead = False
         self._refill_when_killed: tuple[tuple[Any, ...], _Template, int] | None = None
         self._stderr_tail = bytearray()
         self._owner_pid = os.getpid()
@@ -198,8 +199,10 @@ class LocalSandbox(AgentSandbox):
         try:
             for path in self._cgroups.values():
                 path.mkdir()
-            _apply_limits(self._cgroups, SandboxSpec())  # safe defaults while pooled
-            _write_cgroup(self._cgroups["cpu"], "cpu.shares", "2" if ahead else "1024")
+            # (Limits come with _activate, before any command: only the agent runs until then.)
+            if ahead:
+                _write_cgroup(self._cgroups["cpu"], "cpu.shares", "2")
+                self._booted_ahead = True
             # Delegate the pids cgroup to the agent: it makes one child cgroup per command, so a
             # timeout can kill everything the command started. Limits files stay root's.
             for path in (self._cgroups["pids"], self._cgroups["pids"] / "cgroup.procs"):
@@ -277,15 +280,8 @@ class LocalSandbox(AgentSandbox):
         finally:
             for fd in child_fds:
                 os.close(fd)
-        self._record.write(
-            id=self.id,
-            owner_pid=os.getpid(),
-            owner_start=_host.process_start_time(os.getpid()),
-            cgroups={k: str(v) for k, v in self._cgroups.items()},
-            pid=self._pid,
-            pid_start=self._pid_start,
-            expires_at=None,
-        )
+        # (The record gets the pid with _activate: until then the reaper finds bwrap through
+        # the pids cgroup, which bwrap joined before it started.)
         # The readers hold the sandbox weakly, so an abandoned sandbox is collected (and killed).
         loop = asyncio.get_running_loop()
         stdout = asyncio.StreamReader(limit=1 << 24, loop=loop)
@@ -316,7 +312,8 @@ class LocalSandbox(AgentSandbox):
         self.spec = spec
         self._created_at = datetime.now(UTC)
         _apply_limits(self._cgroups, spec)
-        _write_cgroup(self._cgroups["cpu"], "cpu.shares", "1024")
+        if self._booted_ahead:
+            _write_cgroup(self._cgroups["cpu"], "cpu.shares", "1024")
         if spec.ttl_seconds is not None:
             self._expires_at = self._created_at + timedelta(seconds=spec.ttl_seconds)
             await self._request({"op": "ttl", "seconds": spec.ttl_seconds})
@@ -340,10 +337,12 @@ class LocalSandbox(AgentSandbox):
             return
         self._check_loop()
         self._mark_dead()
-        if self._net is not None and os.getpid() == self._owner_pid:
-            # the kernel takes ~40 ms to remove a network: not on the loop
-            await asyncio.to_thread(self._destroy_processes_and_network)
-        self._destroy_now()
+        try:
+            if self._net is not None and os.getpid() == self._owner_pid:
+                # the kernel takes ~40 ms to remove a network: not on the loop
+                await asyncio.to_thread(self._destroy_processes_and_network)
+        finally:
+            self._destroy_now()  # the slot is given back even if the wait above was cancelled
         if self._writer is not None:
             self._writer.close()
         if self._reader is not None:
