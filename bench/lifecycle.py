@@ -7,15 +7,16 @@ What it measures (medians and p90 of many repetitions, warm-up iterations exclud
 (a) one "episode": create a sandbox, write ``/work/x.py``, run ``python3 /work/x.py``, kill.
     Baseline: write the same file to a host temp dir and ``subprocess.run([python3, path])`` with
     the interpreter the sandbox's ``python3`` is (the template's). Measured with the default
-    provider (no pool), and with ``LocalProvider(pool_size=K)``: warmed up first, then back to back
-    (the pool refills in the background while the loop runs) and paced (an untimed pause between
-    episodes, as an agent's thinking time would give). The pool hit rate says whether it kept up.
+    provider (a pool of 2 sandboxes booted ahead; ``--pool-size K`` for another size): warmed up
+    first, then back to back (the pool refills in the background while the loop runs) and paced
+    (an untimed pause between episodes, as an agent's thinking time would give); the pool hit
+    rate says whether it kept up. And with ``pool_size=0``, where every create boots a sandbox.
     Then once more from a host process holding ``--host-gib`` of memory, as a trainer does.
 (b) the round trip of ``commands.run("true")`` in a live sandbox, async API and sync facade, back
     to back and after an idle pause (the realistic case: a model thinks between commands).
     Baseline: ``subprocess.run(["true"])``.
 (c) full create + ``run("true")`` + kill cycles per second with 2 and 4 asyncio tasks on one
-    provider. Baseline: bare ``subprocess.run(["true"])`` per second from as many threads.
+    default provider (its pool on). Baseline: bare ``subprocess.run(["true"])`` per second from as many threads.
 
 Ratios are "times the baseline's cost" (for rates: baseline rate / rollbox rate). Needs what the
 local backend needs (bwrap, cgroup v1 memory/pids/cpu; root on most machines). Other sandboxes
@@ -375,9 +376,9 @@ async def run_async_parts(
 ) -> None:
     n, warmup, size = args.n, args.warmup, args.pool_size
 
-    # (a) default provider, no pool
-    done = step(f"(a) {n} episodes, default provider")
-    provider = LocalProvider()
+    # (a) no pool: every create boots a sandbox
+    done = step(f"(a) {n} episodes, pool_size=0")
+    provider = LocalProvider(pool_size=0)
     try:
         times = [(await episode(provider))[0] for _ in range(warmup + n)][warmup:]
     finally:
@@ -386,19 +387,22 @@ async def run_async_parts(
     rows.append(
         latency_row(
             "a  create + write x.py + run python3 x.py + kill",
-            "default provider (no pool)",
+            "no pool (pool_size=0): every create boots",
             times,
             baselines["episode"],
             max_ratio=2.0,
         )
     )
 
-    # (a) warm pool: back to back, then paced
-    if size:
-        done = step(
-            f"(a) {n} episodes, pool_size={size}, back to back and paced {args.pause_ms:g} ms"
-        )
+    # (a) warm pool (the default provider's, unless --pool-size): back to back, then paced
+    if size != 0:
         provider = LocalProvider(pool_size=size)
+        size = provider.pool_size
+        which = "default provider" if args.pool_size is None else "provider"
+        done = step(
+            f"(a) {n} episodes, {which} (pool of {size}), back to back and paced "
+            f"{args.pause_ms:g} ms"
+        )
         try:
             start = time.perf_counter()
             await episode(provider)  # the first create of a spec starts its pool
@@ -417,7 +421,7 @@ async def run_async_parts(
             rows.append(
                 latency_row(
                     "a  create + write x.py + run python3 x.py + kill",
-                    f"pool_size={size}, {label}",
+                    f"{which} (pool of {size}), {label}",
                     times,
                     baselines["episode"],
                     max_ratio=2.0,
@@ -434,12 +438,12 @@ async def run_async_parts(
     if args.host_gib > 0:
         count = max(10, n // 5)
         done = step(
-            f"(a) {count} episodes, default provider, host process holding {args.host_gib:g} GiB"
+            f"(a) {count} episodes, pool_size=0, host process holding {args.host_gib:g} GiB"
         )
         ballast = bytearray(int(args.host_gib * 2**30))
         for index in range(0, len(ballast), 4096):
             ballast[index] = 1  # touched: resident
-        provider = LocalProvider()
+        provider = LocalProvider(pool_size=0)  # every create boots: what a big host costs it
         try:
             big = [(await episode(provider))[0] for _ in range(warmup + count)][warmup:]
         finally:
@@ -449,7 +453,7 @@ async def run_async_parts(
         rows.append(
             latency_row(
                 "a  create + write x.py + run python3 x.py + kill",
-                f"default provider, host process of {args.host_gib:g} GiB RSS",
+                f"no pool, host process of {args.host_gib:g} GiB RSS",
                 big,
                 baselines["episode"],
                 max_ratio=2.0,
@@ -498,7 +502,7 @@ async def run_async_parts(
         base = baselines["rate"][parallel]
         row = Row(
             "c  create + run('true') + kill, sandboxes per second",
-            f"{parallel} in parallel (asyncio tasks, one provider)",
+            f"{parallel} in parallel (asyncio tasks, default provider)",
             "/s",
             median(rates),
             p10(rates),
@@ -517,7 +521,10 @@ def main() -> int:
     )
     parser.add_argument("--n", type=int, default=100, help="timed episodes per (a) measurement")
     parser.add_argument(
-        "--pool-size", type=int, default=4, help="K for LocalProvider(pool_size=K); 0 skips"
+        "--pool-size",
+        type=int,
+        default=None,
+        help="K for the pooled rows of (a) (default: the default provider's pool); 0 skips them",
     )
     parser.add_argument(
         "--pause-ms", type=float, default=100.0, help="untimed pause of the paced pool run"

@@ -130,7 +130,7 @@ async def main() -> None:
 
     rows: dict[str, list[float]] = {}
     notes: dict[str, str] = {}
-    local = LocalProvider()
+    local = LocalProvider(pool_size=0)  # every create boots (the pooled row is below)
     pooled = LocalProvider(pool_size=2)  # forks booted ahead of demand, between rollouts
     layered = Template(
         name="bench-layered",

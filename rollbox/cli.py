@@ -349,7 +349,11 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="OpenEnv sessions at once; past it clients get CAPACITY_REACHED (128)",
     )
     serve.add_argument(
-        "--pool-size", type=int, default=0, metavar="N", help="warm sandboxes kept booted (0)"
+        "--pool-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="warm sandboxes kept booted per configuration (local provider: 2; 0: none)",
     )
     serve.add_argument(
         "--idle-timeout",

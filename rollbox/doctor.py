@@ -377,7 +377,7 @@ def _probe_end_to_end() -> str:
     from rollbox.sandbox.local import LocalProvider
 
     async def run() -> str:
-        provider = LocalProvider()
+        provider = LocalProvider(pool_size=0)  # one sandbox: none booted ahead
         try:
             start = time.perf_counter()
             async with await AsyncSandbox.create(

@@ -149,10 +149,12 @@ def held_ids() -> set[str]:
 
 async def _serve(spec: SandboxSpec) -> None:
     from rollbox import AsyncSandbox
+    from rollbox.sandbox.local import LocalProvider
 
     try:
         sandbox = await AsyncSandbox.create(
             spec.name,
+            provider=LocalProvider(pool_size=0),  # it holds one sandbox: none booted ahead
             from_template=spec.template,
             network=spec.network,
             limits=spec.limits,

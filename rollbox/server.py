@@ -104,7 +104,11 @@ class ServerConfig(BaseModel):
     env: str | None = Field("rollbox/Shell-v0", description="env id, MODULE:ATTR or tasks path")
     provider: str = "local"
     max_sandboxes: int = Field(256, ge=1, description="live sandboxes, all clients together")
-    pool_size: int = Field(0, ge=0, description="warm sandboxes kept booted")
+    pool_size: int | None = Field(
+        None,
+        ge=0,
+        description="warm sandboxes kept booted per configuration (None: the provider's)",
+    )
     max_sessions: int = Field(128, ge=1, description="OpenEnv sessions at once (WS and HTTP)")
     idle_timeout_seconds: float = Field(600.0, gt=0)
     max_request_bytes: int = Field(16 * MB, ge=1024)
@@ -415,7 +419,7 @@ class RollboxServer:
     async def lifespan(self, app: Any) -> AsyncIterator[None]:
         cls = provider_class(self.config.provider)
         kwargs: dict[str, Any] = {"max_sandboxes": self.config.max_sandboxes}
-        if self.config.pool_size:
+        if self.config.pool_size is not None:
             kwargs["pool_size"] = self.config.pool_size
         self._provider = cls(**kwargs)
         reaper = asyncio.ensure_future(self._reap_forever())

@@ -12,6 +12,11 @@ import pytest
 
 from rollbox.sandbox import _host
 
+# Tests count processes, cgroups and records on the machine, which the idle sandboxes of a warm
+# pool would muddle: pools are off here (and in the subprocesses tests start) unless a test
+# turns one on. tests/sandbox/test_pool.py and the conformance suite's "local-pooled" do.
+os.environ.setdefault("ROLLBOX_POOL_SIZE", "0")
+
 
 def live_leftovers() -> dict[str, list[str]]:
     """What of rollbox's sandboxes is still on the machine: cgroups, state records, bwrap processes."""

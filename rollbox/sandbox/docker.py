@@ -413,7 +413,7 @@ class DockerSandbox(AgentSandbox):
             await asyncio.shield(self.kill())
             raise
         if spec.ttl_seconds is not None:
-            await self._request({"op": "ttl", "seconds": spec.ttl_seconds})
+            self._send({"op": "ttl", "seconds": spec.ttl_seconds})  # its reply is not awaited
             self._ttl_handle = asyncio.get_running_loop().call_later(
                 spec.ttl_seconds, _expire, weakref.ref(self)
             )

@@ -15,7 +15,14 @@ from rollbox.sandbox.conformance import CHECKS, Check, Harness
 def _local(**kwargs: object):  # type: ignore[no-untyped-def]
     from rollbox.sandbox.local import LocalProvider
 
-    return LocalProvider(**kwargs)  # type: ignore[arg-type]
+    return LocalProvider(pool_size=0, **kwargs)  # type: ignore[arg-type]
+
+
+def _local_pooled(**kwargs: object):  # type: ignore[no-untyped-def]
+    """The local provider as users get it by default: two sandboxes booted ahead."""
+    from rollbox.sandbox.local import LocalProvider
+
+    return LocalProvider(pool_size=2, **kwargs)  # type: ignore[arg-type]
 
 
 def _docker(**kwargs: object):  # type: ignore[no-untyped-def]
@@ -32,7 +39,7 @@ def _ray(**kwargs: object):  # type: ignore[no-untyped-def]
     return RayProvider(**kwargs)  # type: ignore[arg-type]
 
 
-PROVIDERS = {"local": _local, "docker": _docker, "ray": _ray}
+PROVIDERS = {"local": _local, "local-pooled": _local_pooled, "docker": _docker, "ray": _ray}
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -111,3 +111,24 @@ def host_canary_file() -> Iterator[tuple[Path, str]]:
         yield canary, content
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+# Forks sleeping children until fork() fails; prints how many it made and the errno's name.
+FORK_UNTIL_REFUSED = r"""
+import errno, os, signal, time
+children, failure = [], None
+while True:
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        failure = errno.errorcode[exc.errno]
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+print(len(children), failure)
+"""

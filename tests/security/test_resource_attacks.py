@@ -12,6 +12,7 @@ import subprocess
 import pytest
 from _attack_helpers import (
     DISK_MB,
+    FORK_UNTIL_REFUSED,
     MB,
     MEMORY_MB,
     OUTPUT_BYTES,
@@ -27,25 +28,6 @@ from _attack_helpers import (
 
 from rollbox.errors import SandboxDeadError, SandboxFileError
 from rollbox.sandbox.models import Limits
-
-FORK_UNTIL_REFUSED = r"""
-import errno, os, signal, time
-children, failure = [], None
-while True:
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        failure = errno.errorcode[exc.errno]
-        break
-    if pid == 0:
-        time.sleep(60)
-        os._exit(0)
-    children.append(pid)
-for pid in children:
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-print(len(children), failure)
-"""
 
 
 async def test_fork_bomb_is_held_by_the_pids_cgroup(provider: object) -> None:
