@@ -9,12 +9,13 @@ What it measures (medians and p90 of many repetitions, warm-up iterations exclud
     the interpreter the sandbox's ``python3`` is (the template's). Measured with the default
     provider (a pool of 2 sandboxes booted ahead; ``--pool-size K`` for another size): warmed up
     first, then back to back (the pool refills in the background while the loop runs) and paced
-    (an untimed pause between episodes, as an agent's thinking time would give); the pool hit
-    rate says whether it kept up. And with ``pool_size=0``, where every create boots a sandbox.
+    (an untimed pause between episodes, as an agent's thinking time would give; its baseline
+    pauses as long, as a machine waking from idle is slower); the pool hit rate says whether it
+    kept up. And with ``pool_size=0``, where every create boots a sandbox.
     Then once more from a host process holding ``--host-gib`` of memory, as a trainer does.
 (b) the round trip of ``commands.run("true")`` in a live sandbox, async API and sync facade, back
     to back and after an idle pause (the realistic case: a model thinks between commands).
-    Baseline: ``subprocess.run(["true"])``.
+    Baseline: ``subprocess.run(["true"])``, back to back and after the same pause.
 (c) full create + ``run("true")`` + kill cycles per second with 2 and 4 asyncio tasks on one
     default provider (its pool on). Baseline: bare ``subprocess.run(["true"])`` per second from as many threads.
 
@@ -166,15 +167,19 @@ def host_episode(python: str, directory: Path, index: int) -> float:
     return elapsed * 1000
 
 
-def host_episodes(python: str, n: int, warmup: int) -> list[float]:
+def host_episodes(python: str, n: int, warmup: int, pause_s: float = 0.0) -> list[float]:
+    times = []
     with tempfile.TemporaryDirectory(prefix="rollbox-bench-") as tmp:
-        times = [host_episode(python, Path(tmp), i) for i in range(warmup + n)]
+        for index in range(warmup + n):
+            time.sleep(pause_s)
+            times.append(host_episode(python, Path(tmp), index))
     return times[warmup:]
 
 
-def host_true(n: int, warmup: int) -> list[float]:
+def host_true(n: int, warmup: int, pause_s: float = 0.0) -> list[float]:
     times = []
     for _ in range(warmup + n):
+        time.sleep(pause_s)
         start = time.perf_counter()
         subprocess.run(["true"], env=HOST_ENV)
         times.append((time.perf_counter() - start) * 1000)
@@ -414,19 +419,19 @@ async def run_async_parts(
         finally:
             await provider.close()
         done()
-        for label, times, hits, pause in (
-            ("back to back", back, back_hits, 0.0),
-            (f"paced, {args.pause_ms:g} ms between episodes", paced, paced_hits, args.pause_ms),
+        for label, times, hits, pause, baseline in (
+            ("back to back", back, back_hits, 0.0, "episode"),
+            (f"paced, {args.pause_ms:g} ms apart", paced, paced_hits, args.pause_ms, "paced"),
         ):
             rows.append(
                 latency_row(
                     "a  create + write x.py + run python3 x.py + kill",
                     f"{which} (pool of {size}), {label}",
                     times,
-                    baselines["episode"],
+                    baselines[baseline],
                     max_ratio=2.0,
                     note=f"pool hits {hits}/{len(times)}; first create to a full pool of {size}: "
-                    f"{warm_s * 1000:.0f} ms",
+                    f"{warm_s * 1000:.0f} ms" + ("; the baseline pauses as long" if pause else ""),
                     pool_hits=hits,
                     pause_ms=pause,
                     pool_fill_ms=warm_s * 1000,
@@ -484,9 +489,10 @@ async def run_async_parts(
             section,
             f"async, after {args.idle_ms:g} ms idle",
             idle,
-            baselines["true"],
+            baselines["true_idle"],
             max_ms=3.0,
-            note="the realistic case: a model thinks between commands",
+            note="the realistic case: a model thinks between commands; the baseline idles as "
+            "long, as a waking machine is slower",
         )
     )
 
@@ -563,7 +569,9 @@ def main() -> int:
     baselines: dict[str, Any] = {}
     done = step(f"baselines: {args.n} host episodes, {args.rt_n} `true`, rates")
     baselines["episode"] = host_episodes(python, args.n, args.warmup)
+    baselines["paced"] = host_episodes(python, args.n // 2, 2, args.pause_ms / 1000)
     baselines["true"] = host_true(args.rt_n, args.warmup)
+    baselines["true_idle"] = host_true(args.idle_n, 2, args.idle_ms / 1000)
     baselines["rate"] = {p: host_rate(p, args.cycles * 2, args.rounds) for p in args.parallel}
     done()
 

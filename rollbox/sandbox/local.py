@@ -813,9 +813,10 @@ class LocalProvider(Provider):
             raise
         sandbox._holds_slot = True
         refill = (key, template, spec.limits.disk_mb)
-        if self._pools.get(key):
+        if len(self._pools.get(key, ())) >= 2:
             # Warm ones are left: boot the replacement when this one is killed, rather than
-            # now, when it would take CPU from this sandbox's first commands.
+            # now, when it would take CPU from this sandbox's first commands. (With one left,
+            # now: a loop that creates back to back would soon find the pool empty.)
             sandbox._refill_when_killed = refill
         else:
             self._schedule_refill(*refill)

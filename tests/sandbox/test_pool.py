@@ -47,12 +47,25 @@ async def test_the_default_pool_boots_two_ahead_and_create_takes_one(
     second = await AsyncSandbox.create(provider=pooled)
     assert second.id in warm
     assert (await second.commands.run("echo hi")).stdout == "hi\n"
-    # One warm sandbox is left, so the replacement boots when this one is killed, not now.
-    await asyncio.sleep(0.2)
-    assert len(_warm(pooled)) == 1
-    await second.kill()
+    # Only one warm sandbox was left: the replacement boots at once.
     await _until(lambda: len(_warm(pooled)) == 2)
+    await second.kill()
     await first.kill()
+
+
+async def test_with_warm_ones_left_the_replacement_boots_after_the_kill() -> None:
+    provider = LocalProvider(pool_size=3)
+    try:
+        async with await AsyncSandbox.create(provider=provider):
+            pass
+        await _until(lambda: len(_warm(provider)) == 3)
+        box = await AsyncSandbox.create(provider=provider)
+        await asyncio.sleep(0.3)  # two are left: nothing boots while this one works
+        assert len(_warm(provider)) == 2
+        await box.kill()
+        await _until(lambda: len(_warm(provider)) == 3)
+    finally:
+        await provider.close()
 
 
 async def test_a_warm_sandbox_gets_the_limits_and_environment_of_its_create(
