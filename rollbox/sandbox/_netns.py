@@ -28,7 +28,6 @@ owner died or whose record is gone.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import functools
 import ipaddress
@@ -54,19 +53,12 @@ _NETNS_RE = re.compile(r"^rbx-(sb-[0-9a-f]{12})$")
 _VETH_RE = re.compile(r"^rbx([0-9a-f]{12})$")
 _TABLE_RE = re.compile(r"^table inet rollbox_(sb_[0-9a-f]{12})$")
 _SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
-_CLONE_NEWNET = 0x40000000
 _REJECT = "reject with icmpx type admin-prohibited"
 _ROUTE_TYPES = {
     "local", "broadcast", "unicast", "unreachable", "prohibit", "blackhole", "multicast",
     "anycast", "throw", "nat",
 }  # fmt: skip
 _FIX = "install them with `apt-get install iproute2 nftables`"
-
-# Looked up before any fork: the preexec function must not load libraries.
-_libc = ctypes.CDLL(None, use_errno=True)
-_setns = _libc.setns
-_setns.argtypes = (ctypes.c_int, ctypes.c_int)
-_setns.restype = ctypes.c_int
 
 
 @dataclass(frozen=True)
@@ -393,18 +385,8 @@ def setup(sandbox_id: str, network: NetworkConfig, record: str | None = None) ->
 
 
 def open_netns(net: SandboxNet) -> int:
-    """An fd of the sandbox's namespace, for :func:`enter` in the child (close-on-exec)."""
+    """An fd of the sandbox's namespace, for the spawner's child to join (close-on-exec)."""
     return os.open(net.netns_path, os.O_RDONLY | os.O_CLOEXEC)
-
-
-def enter(fd: int) -> None:
-    """Move the calling process into the network namespace ``fd``. For a preexec function."""
-    if hasattr(os, "setns"):  # Python 3.12+
-        os.setns(fd, _CLONE_NEWNET)
-        return
-    if _setns(fd, _CLONE_NEWNET) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"setns(CLONE_NEWNET): {os.strerror(errno)}")
 
 
 def teardown(net: SandboxNet | dict[str, str | None] | None) -> bool:
