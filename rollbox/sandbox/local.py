@@ -864,6 +864,9 @@ class LocalProvider(Provider):
             await sandbox._boot(template, disk_mb, ahead=True)
         except SandboxError:
             return
+        except asyncio.CancelledError:  # close(), or its snapshot was deleted
+            sandbox._destroy_now()
+            raise
         if self._closed or self._pools.get(key) is not pool:  # closed, or the pool was dropped
             await sandbox.kill()
         else:
@@ -889,7 +892,13 @@ class LocalProvider(Provider):
         trash = await asyncio.to_thread(_snapshots.retire, snapshot)
         if trash is None:
             return
-        for key in [key for key in self._pools if directory in key]:
+        keys = [key for key in self._pools if directory in key]
+        # Warm forks, and forks booting for the pool (a cancelled boot undoes its own work).
+        refills = [t for t in self._refills if t.get_name() in {repr(key) for key in keys}]
+        for task in refills:
+            task.cancel()
+        await asyncio.gather(*refills, return_exceptions=True)
+        for key in keys:
             await asyncio.gather(*(s.kill() for s in self._pools.pop(key)))
         self._retired[directory] = trash
         await self._release_snapshot(directory)
