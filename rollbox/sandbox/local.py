@@ -879,7 +879,7 @@ class LocalProvider(Provider):
 
     async def get(self, sandbox_id: str) -> LocalSandbox:
         sandbox = self._live_here.get(sandbox_id)
-        if sandbox is None or not sandbox.alive:
+        if sandbox is None or not sandbox.alive or not sandbox._holds_slot:  # warm: no one's yet
             raise SandboxDeadError(
                 f"no live sandbox {sandbox_id!r} in this provider", sandbox_id=sandbox_id
             )

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from rollbox import AsyncSandbox, Limits
+from rollbox.errors import SandboxDeadError
 from rollbox.sandbox.local import LocalProvider, LocalSandbox
 from tests.conftest import assert_no_leftovers
 from tests.security._attack_helpers import FORK_UNTIL_REFUSED, cgroup_file
@@ -44,6 +45,9 @@ async def test_the_default_pool_boots_two_ahead_and_create_takes_one(
     first = await AsyncSandbox.create(provider=pooled)  # booted on demand; two more follow
     await _until(lambda: len(_warm(pooled)) == 2)
     warm = {s.id for s in _warm(pooled)}
+    for sandbox_id in warm:  # a warm sandbox is no one's yet: get() does not hand it out
+        with pytest.raises(SandboxDeadError):
+            await pooled.get(sandbox_id)
     second = await AsyncSandbox.create(provider=pooled)
     assert second.id in warm
     assert (await second.commands.run("echo hi")).stdout == "hi\n"
