@@ -45,6 +45,7 @@ RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT)
 AFTER_EXIT_GRACE = 0.05  # seconds to wait for a finished command's pipes to reach EOF
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
+RLIMIT_FSIZE = 1
 
 
 class JSONContext:
@@ -899,8 +900,8 @@ class SizedReader:
         return data
 
 
-def load_prctl():
-    """prctl(2) through _ctypes alone: the ctypes package would cost ~3 ms of every start."""
+def libc_function(name):
+    """A libc function through _ctypes alone: the ctypes package would cost ~3 ms of every start."""
     import _ctypes
 
     class Int(_ctypes._SimpleCData):
@@ -913,7 +914,21 @@ def load_prctl():
     class Libc:
         _handle = _ctypes.dlopen(None)
 
-    return Function(("prctl", Libc()))
+    return Function((name, Libc()))
+
+
+def limit_file_size(limit):
+    """RLIMIT_FSIZE of ``limit`` bytes, soft and hard, for the agent and every command."""
+    import _ctypes
+
+    class ULong(_ctypes._SimpleCData):
+        _type_ = "L"
+
+    class Rlimit(_ctypes.Array):
+        _type_ = ULong
+        _length_ = 2
+
+    return libc_function("setrlimit")(RLIMIT_FSIZE, _ctypes.byref(Rlimit(limit, limit))) == 0
 
 
 def main():
@@ -926,6 +941,9 @@ def main():
     os.dup2(null, 1)
     os.close(null)
     cgroup_root = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "-" else None
+    # Set here rather than by whoever starts bwrap: that one cannot raise its own limit back.
+    if len(sys.argv) > 2 and not limit_file_size(int(sys.argv[2])):
+        os._exit(70)
     global OOM_SCORE_FD
     # Opened while still dumpable: afterwards /proc/self belongs to root, and the agent must
     # still set each command's OOM score.
@@ -933,7 +951,7 @@ def main():
         OOM_SCORE_FD = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
     except OSError:
         OOM_SCORE_FD = -1
-    prctl = load_prctl()
+    prctl = libc_function("prctl")
     # Not dumpable: sandboxed code runs as our uid, and would otherwise read our memory (the
     # hidden tests and nonces that pass through it) or write to our fds via /proc/1.
     if prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:

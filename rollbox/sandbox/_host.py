@@ -46,6 +46,11 @@ class CgroupLayout:
 
     parents: dict[str, Path]  # controller -> parent dir of sandbox cgroups
 
+    @property
+    def own_procs(self) -> list[str]:
+        """The ``cgroup.procs`` of this process's own cgroups (the parents' parents)."""
+        return [str(parent.parent / "cgroup.procs") for parent in self.parents.values()]
+
 
 @functools.cache
 def cgroup_layout() -> CgroupLayout | None:

@@ -16,11 +16,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import secrets
+import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -49,7 +52,7 @@ _AGENT_IN_SANDBOX = "/.rollbox/agent.py"
 _COMPILED_AGENT_IN_SANDBOX = "/.rollbox/agent.pyc"  # CPython runs a .pyc named as the script
 _CGROUP_IN_SANDBOX = "/.rollbox/cg"
 _START_TIMEOUT = 15.0
-# /etc entries of the host that the python template shows (all public, read-only).
+# /etc entries of the host that the python template shows (what anyone may read of them).
 _HOST_ETC = (
     "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates",
     "localtime", "nsswitch.conf", "mime.types", "bash.bashrc", "inputrc", "profile",
@@ -267,7 +270,7 @@ class LocalSandbox(AgentSandbox):
                 argv,
                 fds=child_fds,
                 cgroup_procs=[str(p / "cgroup.procs") for p in self._cgroups.values()],
-                file_size_limit=disk_mb * 1024 * 1024,
+                home_procs=provider.cgroups.own_procs,  # the spawner was started in them
                 uid=_host.SANDBOX_UID,
             )
         )
@@ -578,12 +581,7 @@ class _Template:
         prefix = Path(self.python).parent.parent
         if not str(prefix).startswith("/usr"):
             args += ["--ro-bind", str(prefix), str(prefix)]
-        for name in _HOST_ETC:
-            if (Path("/etc") / name).exists():
-                args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-        for name in ("passwd", "group", "hosts", "hostname", "resolv.conf"):
-            args += ["--ro-bind", str(etc_dir / name), f"/etc/{name}"]
-        return args
+        return [*args, "--ro-bind", str(etc_dir), "/etc"]
 
     def helper_links(self) -> list[str]:
         """``python`` and ``python3`` in /.rollbox/bin (first on PATH) for the python template."""
@@ -593,6 +591,65 @@ class _Template:
             "--symlink", self.python, "/.rollbox/bin/python",
             "--symlink", self.python, "/.rollbox/bin/python3",
         ]  # fmt: skip
+
+
+@functools.cache
+def _python_etc(state_dir: Path) -> Path:
+    """The python template's /etc: the host's ``_HOST_ETC`` entries that anyone may read, and ours.
+
+    A copy in one directory, bound once: bwrap reads /proc/self/mountinfo again for every bind,
+    and a bind per entry cost ~1.6 ms of every sandbox's start. Named by a digest of what is
+    in it, so a changed host /etc makes a new one (for the next process) and running sandboxes
+    keep theirs.
+    """
+    ours = {
+        "passwd": "root:x:0:0:root:/root:/bin/sh\n"
+        f"sandbox:x:{_host.SANDBOX_UID}:{_host.SANDBOX_UID}:sandbox:/work:/bin/bash\n",
+        "group": f"root:x:0:\nsandbox:x:{_host.SANDBOX_UID}:\n",
+        "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
+        "hostname": "sandbox\n",
+        "resolv.conf": "",
+    }
+    host = [Path("/etc") / name for name in _HOST_ETC if os.path.lexists(f"/etc/{name}")]
+    digest = hashlib.sha256(json.dumps(ours, sort_keys=True).encode())
+    for entry in host:
+        for path in [entry, *(sorted(entry.rglob("*")) if entry.is_dir() else [])]:
+            info = path.lstat()
+            digest.update(f"{path}\0{info.st_mode}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+    etc = state_dir / f"etc-{digest.hexdigest()[:16]}"
+    if etc.is_dir():
+        return etc
+    building = Path(tempfile.mkdtemp(prefix=".etc-", dir=state_dir))
+    try:
+        for entry in host:
+            _copy_public(entry, building / entry.name)
+        for name, text in ours.items():
+            (building / name).write_text(text)
+            os.chmod(building / name, 0o644)
+        os.chmod(building, 0o755)
+        try:
+            building.rename(etc)
+        except OSError:  # another process made it first
+            if not etc.is_dir():
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return etc
+
+
+def _copy_public(source: Path, target: Path) -> None:
+    """Copy what anyone may read of ``source`` (symlinks as symlinks); skip the rest."""
+    info = source.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        os.symlink(os.readlink(source), target)
+    elif stat.S_ISDIR(info.st_mode) and info.st_mode & 0o005 == 0o005:
+        target.mkdir()
+        for child in source.iterdir():
+            _copy_public(child, target / child.name)
+        os.chmod(target, stat.S_IMODE(info.st_mode) & 0o755)
+    elif stat.S_ISREG(info.st_mode) and info.st_mode & 0o004:
+        shutil.copyfile(source, target)
+        os.chmod(target, stat.S_IMODE(info.st_mode) & 0o755)
 
 
 def _compile_agent(python: str, identity: str, source: Path) -> Path | bool:
@@ -667,7 +724,7 @@ class LocalProvider(Provider):
         self.state_dir = self.state_path()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state_dir.parent, 0o755)  # bwrap, as the sandbox user, binds files from it
-        self._etc_dir = self._write_etc()
+        self._etc_dir = _python_etc(_host.state_dir())
         # named by its content: processes running different rollbox versions share the directory
         digest = hashlib.sha256(_AGENT_SOURCE).hexdigest()[:12]
         self._agent_path = self._write_shared(f"agent-{digest}.py", _AGENT_SOURCE)
@@ -687,22 +744,6 @@ class LocalProvider(Provider):
     def state_path() -> Path:
         """The directory of live-sandbox records, one JSON file per sandbox."""
         return _host.state_dir() / "sandboxes"
-
-    def _write_etc(self) -> Path:
-        etc = _host.state_dir() / "etc"
-        etc.mkdir(exist_ok=True)
-        os.chmod(etc, 0o755)
-        files = {
-            "passwd": "root:x:0:0:root:/root:/bin/sh\n"
-            f"sandbox:x:{_host.SANDBOX_UID}:{_host.SANDBOX_UID}:sandbox:/work:/bin/bash\n",
-            "group": f"root:x:0:\nsandbox:x:{_host.SANDBOX_UID}:\n",
-            "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
-            "hostname": "sandbox\n",
-            "resolv.conf": "",
-        }
-        for name, text in files.items():
-            self._write_shared(f"etc/{name}", text.encode())
-        return etc
 
     def _write_shared(self, name: str, data: bytes) -> Path:
         """A world-readable file in the state directory, for bwrap to bind read-only."""
@@ -775,7 +816,7 @@ class LocalProvider(Provider):
             *(["--remount-ro", "/"] if template.rootfs is None else []),
             "--chdir", "/work", "--setenv", "PATH", DEFAULT_PATH, "--setenv", "HOME", "/work",
             "--seccomp", str(seccomp_fd),
-            "--", template.python, "-I", "-S", agent_in_sandbox, _CGROUP_IN_SANDBOX,
+            "--", template.python, "-I", "-S", agent_in_sandbox, _CGROUP_IN_SANDBOX, size,
         ]  # fmt: skip
 
     # -- slots -----------------------------------------------------------------------------
