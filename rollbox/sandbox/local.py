@@ -212,9 +212,6 @@ class LocalSandbox(AgentSandbox):
             for path in self._cgroups.values():
                 path.mkdir()
             # (Limits come with _activate, before any command: only the agent runs until then.)
-            if ahead:
-                _write_cgroup(self._cgroups["cpu"], "cpu.shares", "2")
-                self._booted_ahead = True
             # Delegate the pids cgroup to the agent: it makes one child cgroup per command, so a
             # timeout can kill everything the command started. Limits files stay root's.
             for path in (self._cgroups["pids"], self._cgroups["pids"] / "cgroup.procs"):
@@ -292,6 +289,10 @@ class LocalSandbox(AgentSandbox):
         finally:
             for fd in child_fds:
                 os.close(fd)
+        if ahead:  # not before the spawn: the spawner steps into this cgroup to start bwrap
+            with contextlib.suppress(OSError):
+                _write_cgroup(self._cgroups["cpu"], "cpu.shares", "2")
+                self._booted_ahead = True
         # (The record gets the pid with _activate: until then the reaper finds bwrap through
         # the pids cgroup, which bwrap joined before it started.)
         # The readers hold the sandbox weakly, so an abandoned sandbox is collected (and killed).
