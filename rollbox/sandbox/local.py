@@ -82,35 +82,30 @@ def _apply_limits(cgroups: dict[str, Path], spec: SandboxSpec) -> None:
     _write_cgroup(cgroups["cpu"], "cpu.cfs_quota_us", str(max(1000, int(limits.cpus * 100000))))
 
 
-def _backoff(seconds: float) -> Iterator[None]:
-    """Yields until ``seconds`` have passed, sleeping 0.1 ms, then twice as long each time
-    (up to 4 ms): processes killed a moment ago are usually gone within a millisecond."""
+def _pauses(seconds: float) -> Iterator[float]:
+    """Pauses between tries for ``seconds``: 0.1 ms, then twice as long each time (up to 4 ms):
+    processes killed a moment ago are usually gone within a millisecond."""
     deadline = time.monotonic() + seconds
     pause = 0.0001
-    while True:
-        yield
-        if time.monotonic() > deadline:
-            return
-        time.sleep(pause)
+    while time.monotonic() < deadline:
+        yield pause
         pause = min(pause * 2, 0.004)
 
 
-def _kill_cgroup_tree(pids_cgroup: Path) -> None:
-    """SIGKILL every process in a pids cgroup and its children, until none is left."""
-    for _ in _backoff(0.5):
-        found = False
-        for dirpath, _dirs, _files in os.walk(pids_cgroup):
-            try:
-                with open(os.path.join(dirpath, "cgroup.procs")) as handle:
-                    pids = handle.read().split()
-            except OSError:
-                continue
-            for pid in pids:
-                found = True
-                with contextlib.suppress(OSError):
-                    os.kill(int(pid), signal.SIGKILL)
-        if not found:
-            return
+def _kill_cgroup_tree(pids_cgroup: Path) -> bool:
+    """SIGKILL every process in a pids cgroup and its children; False if there was none."""
+    found = False
+    for dirpath, _dirs, _files in os.walk(pids_cgroup):
+        try:
+            with open(os.path.join(dirpath, "cgroup.procs")) as handle:
+                pids = handle.read().split()
+        except OSError:
+            continue
+        for pid in pids:
+            found = True
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
+    return found
 
 
 def _remove_cgroups(cgroups: dict[str, Path]) -> bool:
@@ -129,14 +124,35 @@ def _remove_cgroups(cgroups: dict[str, Path]) -> bool:
     return done
 
 
-def _destroy(pid: int | None, pid_start: int | None, cgroups: dict[str, Path]) -> bool:
-    """Kill a sandbox's processes and remove its cgroups. Synchronous, safe to repeat."""
+def _destroy_once(pid: int | None, pid_start: int | None, cgroups: dict[str, Path]) -> bool:
+    """Kill what is left of a sandbox and remove its cgroups once it is empty; True when gone."""
     if pid and pid_start is not None and _host.process_start_time(pid) == pid_start:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    if "pids" in cgroups and cgroups["pids"].exists():
-        _kill_cgroup_tree(cgroups["pids"])
-    return any(_remove_cgroups(cgroups) for _ in _backoff(0.4))
+    if "pids" in cgroups and cgroups["pids"].exists() and _kill_cgroup_tree(cgroups["pids"]):
+        return False
+    return _remove_cgroups(cgroups)
+
+
+_DESTROY_SECONDS = 0.9
+
+
+def _destroy(pid: int | None, pid_start: int | None, cgroups: dict[str, Path]) -> bool:
+    """Kill a sandbox's processes and remove its cgroups. Synchronous, safe to repeat."""
+    for pause in _pauses(_DESTROY_SECONDS):
+        if _destroy_once(pid, pid_start, cgroups):
+            return True
+        time.sleep(pause)
+    return _destroy_once(pid, pid_start, cgroups)
+
+
+async def _destroy_async(pid: int | None, pid_start: int | None, cgroups: dict[str, Path]) -> bool:
+    """``_destroy`` that waits for the processes' end without holding up the event loop."""
+    for pause in _pauses(_DESTROY_SECONDS):
+        if _destroy_once(pid, pid_start, cgroups):
+            return True
+        await asyncio.sleep(pause)
+    return _destroy_once(pid, pid_start, cgroups)
 
 
 class _Record:
@@ -351,9 +367,12 @@ class LocalSandbox(AgentSandbox):
         self._check_loop()
         self._mark_dead()
         try:
-            if self._net is not None and os.getpid() == self._owner_pid:
-                # the kernel takes ~40 ms to remove a network: not on the loop
-                await asyncio.to_thread(self._destroy_processes_and_network)
+            if os.getpid() == self._owner_pid:
+                if self._net is not None:
+                    # the kernel takes ~40 ms to remove a network: not on the loop
+                    await asyncio.to_thread(self._destroy_processes_and_network)
+                else:  # what _destroy_now then does is done at once
+                    await _destroy_async(self._pid, self._pid_start, self._cgroups)
         finally:
             self._destroy_now()  # the slot is given back even if the wait above was cancelled
         if self._writer is not None:
