@@ -17,7 +17,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the spawner drops fro
 
 PROBE = (
     "id -u; id -G; ulimit -f; ulimit -c; wc -c < /proc/$$/environ; "
-    "cat <&3; grep :pids: /proc/self/cgroup; grep SigIgn /proc/self/status"
+    "cat <&3; grep :pids: /proc/self/cgroup; grep SigIgn /proc/self/status; "
+    "grep -E '^(Uid|Gid|CapPrm|CapEff|CapAmb):' /proc/self/status"
 )
 
 
@@ -81,6 +82,15 @@ def test_the_child_is_the_sandbox_user_in_its_cgroup_with_its_limits(
     # (32, 33: thread cancellation and set*id) ignored; glibc sets them itself when it uses them.
     ignored = int(lines[7].removeprefix("SigIgn:\t"), 16)
     assert ignored & ~(0b11 << 31) == 0, lines[7]
+    # Real, effective, saved and file-system ids all the sandbox user's (the helper spawns with
+    # only its real ids changed), and no capability left.
+    assert lines[8:] == [
+        "Uid:\t65534\t65534\t65534\t65534",
+        "Gid:\t65534\t65534\t65534\t65534",
+        "CapPrm:\t0000000000000000",
+        "CapEff:\t0000000000000000",
+        "CapAmb:\t0000000000000000",
+    ], lines[8:]
 
 
 def test_a_spawn_that_cannot_join_its_cgroup_fails_and_never_runs(spawner: Spawner) -> None:

@@ -136,6 +136,11 @@ async def test_disk_filler_stops_at_disk_mb(provider: object, mount: str) -> Non
 
     # dd gets SIGXFSZ (the default action is restored for commands) or an error; either way
     # nothing past the cap reaches the disk.
+    # The file size limit is a hard one: sandboxed code cannot raise it to write past it.
+    raise_limit = await sh(sb, "ulimit -f unlimited && echo raised; ulimit -H -f")
+    assert "raised" not in raise_limit.stdout, raise_limit
+    assert raise_limit.stdout.split()[-1] == str(DISK_MB * MB // 512), raise_limit  # blocks
+
     dd = await sh(
         sb, f"rm -f {mount}/part*; dd if=/dev/zero of={mount}/dd bs=1M count={4 * DISK_MB}"
     )
