@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import secrets
 import shutil
 import stat
 import sys
@@ -38,6 +39,15 @@ def world_reachable(path: str | Path) -> bool:
         if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
             return False
     return True
+
+
+def temporary_beside(path: Path) -> Path:
+    """A fresh name in ``path``'s directory, to write there and then ``os.replace`` onto ``path``.
+
+    Unique per call, not just per process: threads and tasks of one process may write the same
+    file at once (two sandboxes building one template).
+    """
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
 
 
 @dataclass(frozen=True)
@@ -130,7 +140,7 @@ def bwrap_path() -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
         if libs.is_dir():
             shutil.copytree(libs, target_root / libs.name, dirs_exist_ok=True)
-        temporary = target.with_suffix(".tmp")
+        temporary = temporary_beside(target)
         shutil.copy2(source, temporary)
         os.replace(temporary, target)
         for dirpath, dirnames, filenames in os.walk(target_root):

@@ -678,7 +678,7 @@ def _compile_agent(python: str, identity: str, source: Path) -> Path | bool:
     target = source.with_name(f"{source.stem}-{digest}.pyc")
     if target.exists():
         return target
-    temporary = target.with_name(f".{target.name}.{os.getpid()}")
+    temporary = _host.temporary_beside(target)
     try:
         subprocess.run(
             [
@@ -769,7 +769,7 @@ class LocalProvider(Provider):
         """A world-readable file in the state directory, for bwrap to bind read-only."""
         path = _host.state_dir() / name
         if not path.exists() or path.read_bytes() != data:
-            temporary = path.with_name(f".{path.name}.{os.getpid()}")
+            temporary = _host.temporary_beside(path)
             temporary.write_bytes(data)
             os.chmod(temporary, 0o644)
             os.replace(temporary, path)

@@ -47,6 +47,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rollbox.errors import BackendUnavailableError, ConfigError, TemplateBuildError
+from rollbox.sandbox import _host
 
 BUILDER_VERSION = "1"  # part of every digest: bump when a build's output would change
 SANDBOX_UID = 65534
@@ -391,8 +392,6 @@ _SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 @functools.cache
 def _host_python_files() -> tuple[tuple[str, ...], tuple[str, ...], str]:
     """(files, directories to copy whole, interpreter) of the host's python base."""
-    from rollbox.sandbox import _host
-
     python = _host.template_python()
     stdlib = subprocess.run(
         [python, "-I", "-S", "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
@@ -746,9 +745,10 @@ def build_local(template: Template, log: BuildLog | None = None) -> BuiltTemplat
 
 def _write_manifest(built: BuiltTemplate, digest: str) -> None:
     directory = _ensure_dir(_manifest_dir())
-    temporary = directory / f".{digest}.{os.getpid()}"
+    target = directory / f"{digest}.json"
+    temporary = _host.temporary_beside(target)
     temporary.write_text(built.model_dump_json(indent=2, by_alias=True))
-    os.replace(temporary, directory / f"{digest}.json")
+    os.replace(temporary, target)
 
 
 def _join(cwd: str, path: str) -> str:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,16 @@ async def test_docker_builds_the_same_template(docker_provider: object, context:
     finally:
         assert await docker_provider.remove_template("docker-tool")
     assert await docker_provider.find_template("docker-tool") is None
+
+
+def test_one_template_built_by_many_threads_at_once(context: Path) -> None:
+    """Sandboxes of one process may build the same template together (Harbor tasks that share
+    an environment do): every build succeeds with the same layers, and its manifest is whole."""
+    template = tool_template(context, name="together")
+    with ThreadPoolExecutor(4) as pool:
+        built = list(pool.map(lambda _: build_local(template), range(4)))
+    assert len({b.layers for b in built}) == 1
+    # the manifest step itself, hammered: each write replaces the file with a whole one
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: templates._write_manifest(built[0], built[0].digest), range(200)))
+    assert build_local(template).layers == built[0].layers
