@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from rollbox.errors import CommandError, ConfigError, SandboxDeadError, SandboxFileError
-from rollbox.sandbox.base import AsyncProcess, AsyncSandbox, OutputCallback
+from rollbox.sandbox.base import AsyncProcess, AsyncSandbox, FutureProcess, OutputCallback
 from rollbox.sandbox.models import ExecResult, FileEntry, SandboxSpec
 
 HEADER = struct.Struct(">II")
@@ -43,7 +43,7 @@ class _Reader(Protocol):
     async def readexactly(self, n: int) -> bytes: ...
 
 
-class AgentProcess(AsyncProcess):
+class AgentProcess(FutureProcess):
     """A command running under a sandbox's agent."""
 
     def __init__(
@@ -53,14 +53,11 @@ class AgentProcess(AsyncProcess):
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
     ) -> None:
+        super().__init__()
         self._sandbox = sandbox
         self._cid = cid
         self.pid = 0
         self._callbacks = (on_stdout, on_stderr)
-        self._done: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
-
-    async def wait(self) -> ExecResult:
-        return await asyncio.shield(self._done)
 
     async def kill(self) -> None:
         if self._done.done() or not self._sandbox.alive:
@@ -69,8 +66,8 @@ class AgentProcess(AsyncProcess):
             await self._sandbox._request({"op": "kill", "cid": self._cid})
 
     async def logs(self) -> tuple[str, str]:
-        if self._done.done() and not self._done.cancelled() and self._done.exception() is None:
-            result = self._done.result()
+        result = self._result_if_ended()
+        if result is not None:
             return result.stdout, result.stderr
         header, body = await self._sandbox._request({"op": "logs", "cid": self._cid})
         split = header["n1"]
@@ -155,9 +152,7 @@ class AgentSandbox(AsyncSandbox):
         self._pending.clear()
         self._streams.clear()
         for process in self._processes.values():
-            if not process._done.done():
-                process._done.set_exception(error)
-                process._done.exception()  # retrieved: no "never retrieved" warning
+            process._settle(error=error)
         self._processes.clear()
         if not self._ready.done():
             self._ready.set_exception(error)
@@ -173,10 +168,10 @@ class AgentSandbox(AsyncSandbox):
                 process._output(header["s"], body)
         elif op == "exit":
             process = self._processes.pop(header["cid"], None)
-            if process is not None and not process._done.done():
+            if process is not None:
                 split = header["n1"]
-                process._done.set_result(
-                    ExecResult(
+                process._settle(
+                    result=ExecResult(
                         exit_code=header["code"],
                         stdout=body[:split].decode(errors="replace"),
                         stderr=body[split:].decode(errors="replace"),

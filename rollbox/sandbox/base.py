@@ -59,6 +59,34 @@ class AsyncProcess(ABC):
         """The stdout and stderr kept so far."""
 
 
+class FutureProcess(AsyncProcess):
+    """A process whose result arrives on a future: what the providers' processes share."""
+
+    def __init__(self) -> None:
+        self._done: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
+
+    async def wait(self) -> ExecResult:
+        return await asyncio.shield(self._done)
+
+    def _settle(
+        self, *, result: ExecResult | None = None, error: BaseException | None = None
+    ) -> None:
+        """Give the process its result or its error; only the first call counts."""
+        if self._done.done():
+            return
+        if error is not None:
+            self._done.set_exception(error)
+            self._done.exception()  # retrieved: no "never retrieved" warning
+        else:
+            self._done.set_result(result)  # type: ignore[arg-type]
+
+    def _result_if_ended(self) -> ExecResult | None:
+        """The result of a process that has ended with one, else None."""
+        if self._done.done() and not self._done.cancelled() and self._done.exception() is None:
+            return self._done.result()
+        return None
+
+
 class AsyncSandbox(ABC):
     """One isolated environment, alive until ``kill``. Create it with ``AsyncSandbox.create``."""
 

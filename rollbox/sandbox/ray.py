@@ -39,9 +39,9 @@ from rollbox.errors import (
     SandboxStartError,
     TooManySandboxesError,
 )
-from rollbox.sandbox.base import AsyncProcess, AsyncSandbox, OutputCallback, Provider
+from rollbox.sandbox.base import AsyncProcess, AsyncSandbox, FutureProcess, OutputCallback, Provider
 from rollbox.sandbox.local import LocalProvider, LocalSandbox
-from rollbox.sandbox.models import ExecResult, FileEntry, SandboxInfo, SandboxSpec, Snapshot
+from rollbox.sandbox.models import FileEntry, SandboxInfo, SandboxSpec, Snapshot
 
 try:
     import ray
@@ -253,7 +253,7 @@ def _unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
-class RayProcess(AsyncProcess):
+class RayProcess(FutureProcess):
     """A command running in a sandbox on a Ray node; its output arrives as a stream."""
 
     def __init__(
@@ -265,11 +265,11 @@ class RayProcess(AsyncProcess):
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
     ) -> None:
+        super().__init__()
         self._sandbox = sandbox
         self._number = number
         self.pid = pid
         self._callbacks = {"stdout": on_stdout, "stderr": on_stderr}
-        self._done: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
         self._reader = asyncio.ensure_future(self._read(stream))
         sandbox._processes.add(self)
         self._reader.add_done_callback(lambda _: sandbox._processes.discard(self))
@@ -294,20 +294,6 @@ class RayProcess(AsyncProcess):
             self._settle(error=self._sandbox._dead_error())
         except Exception as exc:
             self._settle(error=self._sandbox._failure(exc))
-
-    def _settle(
-        self, *, result: ExecResult | None = None, error: BaseException | None = None
-    ) -> None:
-        if self._done.done():
-            return
-        if error is not None:
-            self._done.set_exception(error)
-            self._done.exception()  # retrieved: no "never retrieved" warning
-        else:
-            self._done.set_result(result)  # type: ignore[arg-type]
-
-    async def wait(self) -> ExecResult:
-        return await asyncio.shield(self._done)
 
     async def kill(self) -> None:
         if self._done.done() or not self._sandbox.alive:

@@ -52,7 +52,7 @@ from rollbox.errors import (
     SandboxStartError,
     TooManySandboxesError,
 )
-from rollbox.sandbox.base import AsyncProcess, AsyncSandbox, OutputCallback, Provider
+from rollbox.sandbox.base import AsyncProcess, AsyncSandbox, FutureProcess, OutputCallback, Provider
 from rollbox.sandbox.models import ExecResult, FileEntry, SandboxInfo, SandboxSpec
 
 CLIENT_HEADER = "X-Rollbox-Client"
@@ -182,7 +182,7 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-class RemoteProcess(AsyncProcess):
+class RemoteProcess(FutureProcess):
     """A command running in a remote sandbox; its output arrives on an NDJSON stream."""
 
     def __init__(
@@ -194,10 +194,10 @@ class RemoteProcess(AsyncProcess):
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
     ) -> None:
+        super().__init__()
         self._sandbox = sandbox
         self.pid = number
         self._callbacks = {"stdout": on_stdout, "stderr": on_stderr}
-        self._done: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
         self._reader = asyncio.ensure_future(self._read(response, lines))
         sandbox._processes.add(self)
         self._reader.add_done_callback(lambda _: sandbox._processes.discard(self))
@@ -229,20 +229,6 @@ class RemoteProcess(AsyncProcess):
         finally:
             await response.aclose()
 
-    def _settle(
-        self, *, result: ExecResult | None = None, error: BaseException | None = None
-    ) -> None:
-        if self._done.done():
-            return
-        if error is not None:
-            self._done.set_exception(error)
-            self._done.exception()  # retrieved: no "never retrieved" warning
-        else:
-            self._done.set_result(result)  # type: ignore[arg-type]
-
-    async def wait(self) -> ExecResult:
-        return await asyncio.shield(self._done)
-
     async def kill(self) -> None:
         if self._done.done() or not self._sandbox.alive:
             return
@@ -250,8 +236,8 @@ class RemoteProcess(AsyncProcess):
             await self._sandbox._call("POST", f"/processes/{self.pid}/kill")
 
     async def logs(self) -> tuple[str, str]:
-        if self._done.done() and not self._done.cancelled() and self._done.exception() is None:
-            result = self._done.result()
+        result = self._result_if_ended()
+        if result is not None:
             return result.stdout, result.stderr
         data = (await self._sandbox._call("GET", f"/processes/{self.pid}/logs")).json()
         return data["stdout"], data["stderr"]
