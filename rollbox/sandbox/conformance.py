@@ -161,6 +161,34 @@ async def check_exit_codes(h: Harness) -> None:
         assert both.duration_s > 0
 
 
+async def check_plain_commands_run_as_under_sh(h: Harness) -> None:
+    """A command of plain words behaves exactly as the same words run by sh as part of a list:
+    the program PATH finds, arguments, environment (sh's PWD included), exit code, errors, and
+    a script without #!."""
+    show = (
+        "import os, sys\nprint(sys.executable, sys.argv[1:], os.getcwd(), os.environ.get('PWD'))\n"
+    )
+    async with await h.create(env_vars={"A": "a"}) as sb:
+        await sb.files.write("/work/show.py", show)
+        await sb.files.write("/work/bin/hello", "echo hello from a script without a shebang $1\n")
+        await sb.commands.run("chmod +x /work/bin/hello")
+        for command, cwd in [
+            ("python3 show.py x=1 -v a,b %d @home:8 +.", "/work"),
+            ("env", "/tmp"),
+            ("/work/bin/hello one", "/work"),
+            ("bin/hello two", "/work"),
+            ("ls /work", "/work"),
+            ("definitely-not-a-command x", "/work"),
+            ("/work", "/work"),
+        ]:
+            plain = await sb.commands.run(command, cwd=cwd)
+            in_a_list = await sb.commands.run(f": ; {command}", cwd=cwd)
+            seen = [
+                (r.exit_code, sorted(r.stdout.splitlines()), r.stderr) for r in (plain, in_a_list)
+            ]
+            assert seen[0] == seen[1], (command, plain, in_a_list)
+
+
 async def check_timeout_kills_tree(h: Harness) -> None:
     """A timeout kills the command and everything it started, setsid'd orphans included."""
     async with await h.create() as sb:
@@ -347,6 +375,7 @@ CHECKS: list[Check] = [
     check_upload_download_dir,
     check_cwd_env_stdin,
     check_exit_codes,
+    check_plain_commands_run_as_under_sh,
     check_timeout_kills_tree,
     check_background_processes,
     check_streaming,
