@@ -11,7 +11,6 @@ it finds there and scores only what is missing or failed for infrastructure reas
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -28,6 +27,7 @@ from typing import Any
 
 from rollbox.batch import BatchScorer, Solution, SolutionLimits, SolutionResult
 from rollbox.errors import ConfigError
+from rollbox.sandbox import _host
 from rollbox.sandbox.base import Provider
 
 RESULTS_FILE = "results.jsonl"
@@ -297,7 +297,9 @@ async def evaluate_humaneval(
         handle.close()
     wall = time.perf_counter() - clock
     complete = [row for row in rows if row is not None]
-    _write_atomically(results_path, "".join(json.dumps(row) + "\n" for row in complete))
+    _host.write_atomically(
+        results_path, "".join(json.dumps(row) + "\n" for row in complete).encode(), durable=True
+    )
 
     scored = [row for row in complete if isinstance(row.get("passed"), bool)]
     values, skipped = pass_at_k(((r["task_id"], r["passed"]) for r in scored), ks)
@@ -344,7 +346,9 @@ async def evaluate_humaneval(
             "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         },
     }
-    _write_atomically(out / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    _host.write_atomically(
+        out / SUMMARY_FILE, (json.dumps(summary, indent=2) + "\n").encode(), durable=True
+    )
     return summary
 
 
@@ -360,18 +364,3 @@ def _drop_partial_last_line(path: Path) -> None:
     if data and not data.endswith(b"\n"):
         with path.open("r+b") as handle:
             handle.truncate(data.rfind(b"\n") + 1)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    with contextlib.suppress(OSError):
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import secrets
@@ -48,6 +49,37 @@ def temporary_beside(path: Path) -> Path:
     file at once (two sandboxes building one template).
     """
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+
+
+def write_atomically(
+    path: Path, data: bytes, *, mode: int | None = None, durable: bool = False
+) -> None:
+    """Write ``path`` whole or not at all: a fresh file beside it, then ``os.replace``.
+
+    ``mode``: the file's permissions (else the umask's). ``durable``: the data and the rename are
+    on disk before this returns (files that must survive a crash of the machine).
+    """
+    temporary = temporary_beside(path)
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        if mode is not None:
+            os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+    if durable:
+        with contextlib.suppress(OSError):
+            directory = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
 
 
 @dataclass(frozen=True)

@@ -69,10 +69,10 @@ def _spawn(request: dict, fds: list[int], own_netns: int) -> dict:
     """Start bwrap by ``posix_spawn`` (a vfork: no copy of our page tables, no copy-on-write).
 
     The child inherits what this process is while it spawns, so the helper itself steps into the
-    sandbox's cgroups (v1 has no CLONE_INTO_CGROUP) and network namespace, takes the sandbox's
-    file size limit and the sandbox user as its real ids, and steps back right after. A fork
-    whose child set itself up in Python cost ~500 page faults per sandbox between child and
-    parent (~4 ms of CPU on a VM, a fifth of a sandbox's start).
+    sandbox's cgroups (v1 has no CLONE_INTO_CGROUP) and network namespace, takes the sandbox
+    user as its real ids, and steps back right after. (RLIMIT_FSIZE is the agent's to set: this
+    process could not raise its own back.) A fork whose child set itself up in Python cost ~500
+    page faults per sandbox between child and parent (~4 ms of CPU on a VM).
     """
     # Above 0-3, where the child's dup2s put them, so that none overwrites another's source.
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds[:NETNS]]

@@ -769,10 +769,7 @@ class LocalProvider(Provider):
         """A world-readable file in the state directory, for bwrap to bind read-only."""
         path = _host.state_dir() / name
         if not path.exists() or path.read_bytes() != data:
-            temporary = _host.temporary_beside(path)
-            temporary.write_bytes(data)
-            os.chmod(temporary, 0o644)
-            os.replace(temporary, path)
+            _host.write_atomically(path, data, mode=0o644)
         return path
 
     def template(self, name: str) -> _Template:

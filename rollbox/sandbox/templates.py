@@ -745,10 +745,9 @@ def build_local(template: Template, log: BuildLog | None = None) -> BuiltTemplat
 
 def _write_manifest(built: BuiltTemplate, digest: str) -> None:
     directory = _ensure_dir(_manifest_dir())
-    target = directory / f"{digest}.json"
-    temporary = _host.temporary_beside(target)
-    temporary.write_text(built.model_dump_json(indent=2, by_alias=True))
-    os.replace(temporary, target)
+    _host.write_atomically(
+        directory / f"{digest}.json", built.model_dump_json(indent=2, by_alias=True).encode()
+    )
 
 
 def _join(cwd: str, path: str) -> str:
