@@ -195,7 +195,7 @@ class LocalSandbox(AgentSandbox):
         self._expires_at: datetime | None = None
         self._holds_slot = False
         self._booted_ahead = False
-        self._refill_when_killed: tuple[tuple[Any, ...], _Template, int] | None = None
+        self._refill_when_killed = False  # its pool's replacement boots when it is killed
         self._stderr_tail = bytearray()
         self._owner_pid = os.getpid()
 
@@ -379,8 +379,10 @@ class LocalSandbox(AgentSandbox):
             self._writer.close()
         if self._reader is not None:
             self._reader.cancel()
-        if self._refill_when_killed is not None:
-            self._provider._schedule_refill(*self._refill_when_killed)
+        if self._refill_when_killed and self._template is not None:
+            self._provider._schedule_refill(
+                self._pool_key, self._template, self.spec.limits.disk_mb
+            )
         snapshot = next((k for k in self._pool_key if isinstance(k, Path)), None)
         if snapshot is not None and snapshot in self._provider._retired:
             await self._provider._release_snapshot(snapshot)
@@ -870,14 +872,13 @@ class LocalProvider(Provider):
             self._slots.release()
             raise
         sandbox._holds_slot = True
-        refill = (key, template, spec.limits.disk_mb)
         if len(self._pools.get(key, ())) >= 2:
             # Warm ones are left: boot the replacement when this one is killed, rather than
             # now, when it would take CPU from this sandbox's first commands. (With one left,
             # now: a loop that creates back to back would soon find the pool empty.)
-            sandbox._refill_when_killed = refill
+            sandbox._refill_when_killed = True
         else:
-            self._schedule_refill(*refill)
+            self._schedule_refill(key, template, spec.limits.disk_mb)
         return sandbox
 
     def _new_id(self) -> str:
