@@ -17,7 +17,8 @@ What it measures (medians and p90 of many repetitions, warm-up iterations exclud
     to back and after an idle pause (the realistic case: a model thinks between commands).
     Baseline: ``subprocess.run(["true"])``, back to back and after the same pause.
 (c) full create + ``run("true")`` + kill cycles per second with 2 and 4 asyncio tasks on one
-    default provider (its pool on). Baseline: bare ``subprocess.run(["true"])`` per second from as many threads.
+    default provider (its pool on). Baseline: bare ``subprocess.run(["true"])`` per second from
+    as many threads.
 
 Ratios are "times the baseline's cost" (for rates: baseline rate / rollbox rate). Needs what the
 local backend needs (bwrap, cgroup v1 memory/pids/cpu; root on most machines). Other sandboxes
@@ -439,7 +440,7 @@ async def run_async_parts(
             )
 
     # (a) the same from a host process as big as a trainer (torch, a model): a fork of it would
-    # copy its page tables; rollbox's spawner helper forks bwrap instead, so it should not matter
+    # copy its page tables; rollbox's spawner helper starts bwrap instead, so it should not matter
     if args.host_gib > 0:
         count = max(10, n // 5)
         done = step(
